@@ -1,0 +1,800 @@
+"""The sandbox: one bwrap process tree with its own namespaces, root filesystem and limits.
+
+Inside runs a small control shell (POSIX sh) that starts commands and shell sessions on request.
+Commands exchange data with the supervisor through FIFOs and files in a per-sandbox channel
+directory; the supervisor creates and opens those only relative to a directory descriptor, without
+following symlinks, so nothing the sandbox writes can steer the supervisor to a host path. File
+reads, writes and uploads run *inside* the sandbox (cat, tar), so they cannot reach the host.
+
+Two ways of starting bwrap, chosen by the caller's uid:
+- unprivileged: the sandbox's uid 0 is the caller (a one-line uid map), with no capabilities;
+- root: the sandbox's uid 0 is an unprivileged host uid (`root_mapped_uid`). bwrap still runs
+  its setup as root (so root-only paths like pyenv under /root can be bound), then `setpriv`
+  drops to the mapped uid with an empty capability bounding set before anything else runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import secrets
+import shlex
+import shutil
+import signal
+import stat
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from . import runtime
+from .bwrap import check_userns, explain_bwrap_failure, find_bwrap
+from .config import SandboxConfig
+from .errors import (
+    CommandTimeoutError,
+    SandboxFileError,
+    SandboxLimitError,
+    SandboxNotRunningError,
+    SandboxStartError,
+    SessionError,
+)
+from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
+from .rootfs import DEFAULT_PATH, IO_DIR, build_plan, check_destinations
+from .seccomp import build_filter
+
+# The control shell: runs each line the supervisor sends; replies on fd 9 only.
+_CONTROL_SCRIPT = 'exec 9>&1 1>/dev/null; echo R >&9; while IFS= read -r l; do eval "$l"; done'
+_START_TIMEOUT = 30.0
+
+
+class ExecResult(BaseModel):
+    """The outcome of a one-shot command."""
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    truncated: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+class _RawResult(BaseModel):
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    truncated: bool
+    duration_s: float
+
+
+def _q(s: str) -> str:
+    return shlex.quote(s)
+
+
+def _pipe_with(data: bytes) -> int:
+    """A readable fd holding `data` (small: it must fit in the pipe buffer)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+    finally:
+        os.close(w)
+    return r
+
+
+class Sandbox:
+    """An isolated, disposable Linux environment. Use as `async with Sandbox(...) as sb:`."""
+
+    def __init__(self, config: SandboxConfig | None = None, **kwargs: object) -> None:
+        self.config = config if config is not None else SandboxConfig(**kwargs)  # type: ignore[arg-type]
+        self.id = secrets.token_hex(6)
+        self._proc: asyncio.subprocess.Process | None = None
+        self._ns_pid: int | None = None  # host pid of the sandbox's pid 1
+        self._dir: Path | None = None
+        self._upper: Path | None = None
+        self._work: Path | None = None
+        self._io_fd: int | None = None
+        self._rid = 0
+        self._waiters: dict[str, asyncio.Future[int]] = {}
+        self._started: dict[str, asyncio.Future[int]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stderr = CappedOutput(64 * 1024)
+        self._sessions: dict[str, object] = {}
+        self._dead: BaseException | None = None
+        self._stopped = False
+        self._lock = asyncio.Lock()
+        self.as_root = os.geteuid() == 0
+        self.sandbox_uid = self.config.root_mapped_uid if self.as_root else os.geteuid()
+        self.sandbox_gid = self.config.root_mapped_uid if self.as_root else os.getegid()
+
+    # ---------------------------------------------------------------- lifecycle
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.returncode is None and self._dead is None
+
+    @property
+    def upper_dir(self) -> Path | None:
+        """The host directory holding everything this sandbox wrote."""
+        return self._upper
+
+    @property
+    def pid(self) -> int | None:
+        """Host pid of the sandbox's init process (pid 1 inside)."""
+        return self._ns_pid
+
+    async def __aenter__(self) -> Sandbox:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> Sandbox:
+        if self._proc is not None or self._stopped:
+            raise SandboxStartError("a Sandbox object can be started once")
+        try:
+            await self._start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    def _prepare_dirs(self) -> Path:
+        cfg = self.config
+        self._dir = runtime.process_dir(cfg.runtime_dir) / self.id
+        self._dir.mkdir(mode=0o711)
+        io = self._dir / "io"
+        io.mkdir(mode=0o700)
+        if cfg.upper is not None:
+            self._upper = Path(os.path.abspath(cfg.upper))
+            self._upper.mkdir(parents=True, exist_ok=True)
+            # overlayfs wants its work dir empty and on the upper's filesystem.
+            self._work = self._upper.parent / f".{self._upper.name}.work-{self.id}"
+            self._work.mkdir()
+        else:
+            self._upper = self._dir / "upper"
+            self._work = self._dir / "work"
+            self._upper.mkdir()
+            self._work.mkdir()
+        self._chown(self._upper)
+        self._chown(io)
+        self._io_fd = os.open(io, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        return io
+
+    def _precreate(self, destinations: list[str]) -> None:
+        """Create, owned by the sandbox's root, the directories that bwrap would otherwise create
+        as its own (root's, for a root caller) while placing mount points: /root, the workdir,
+        and every parent of a mount destination that no layer provides."""
+        assert self._upper is not None
+        wanted = {"/root", self.config.workdir}
+        for dest in destinations:
+            parent = os.path.dirname(dest)
+            while parent != "/":
+                wanted.add(parent)
+                parent = os.path.dirname(parent)
+        for inside in sorted(wanted):
+            rel = inside.lstrip("/")
+            if any(os.path.lexists(tree / rel) for tree in self.config.layers):
+                continue
+            target = self._upper / rel
+            if os.path.lexists(target):
+                continue
+            target.mkdir(mode=0o700 if inside == "/root" else 0o755)
+            os.chmod(target, 0o700 if inside == "/root" else 0o755)  # whatever our umask is
+            self._chown(target)
+
+    def _chown(self, path: Path) -> None:
+        if self.as_root:
+            os.chown(path, self.sandbox_uid, self.sandbox_gid, follow_symlinks=False)
+
+    def _env(self) -> dict[str, str]:
+        cfg = self.config
+        path = DEFAULT_PATH
+        env = {
+            "HOME": "/root",
+            "USER": "root",
+            "LOGNAME": "root",
+            "SHELL": "/bin/bash",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "HOSTNAME": cfg.hostname,
+        }
+        if cfg.venv:
+            path = f"{cfg.venv}/bin:{path}"
+            env["VIRTUAL_ENV"] = cfg.venv
+        env["PATH"] = path
+        env.update(cfg.env)
+        return env
+
+    async def _start(self) -> None:
+        cfg = self.config
+        bwrap = find_bwrap(cfg.bwrap)
+        check_userns()
+        for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if self.as_root else ()):
+            if shutil.which(tool, path=DEFAULT_PATH) is None:
+                raise SandboxStartError(f"the host has no `{tool}` in /usr/bin or /bin; install it")
+        io = self._prepare_dirs()
+        assert self._upper is not None and self._work is not None
+        plan = build_plan(cfg, self._upper, self._work, io)
+        check_destinations(plan, [self._upper, *cfg.layers])
+        self._precreate(plan.destinations)
+
+        fds: list[int] = []
+        try:
+            info_r, info_w = os.pipe()
+            block_r, block_w = os.pipe()
+            fds += [info_r, info_w, block_r, block_w]
+            seccomp_fd = _pipe_with(build_filter())
+            fds.append(seccomp_fd)
+            args = [
+                str(bwrap),
+                "--unshare-user",
+                "--userns-block-fd",
+                str(block_r),
+                "--info-fd",
+                str(info_w),
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+                "--hostname",
+                cfg.hostname,
+                "--die-with-parent",
+                "--new-session",
+                "--seccomp",
+                str(seccomp_fd),
+                "--cap-drop",
+                "ALL",
+            ]
+            if not cfg.network:
+                args.append("--unshare-net")
+            if self.as_root:
+                # Just what setpriv needs to switch to the mapped uid and empty the bounding set.
+                args += [
+                    "--cap-add",
+                    "CAP_SETUID",
+                    "--cap-add",
+                    "CAP_SETGID",
+                    "--cap-add",
+                    "CAP_SETPCAP",
+                ]
+            args.append("--clearenv")
+            for k, v in self._env().items():
+                args += ["--setenv", k, v]
+            args += plan.args
+            for dest, content in plan.data:
+                fd = _pipe_with(content)
+                fds.append(fd)
+                args += ["--ro-bind-data", str(fd), dest]
+            args += ["--chdir", cfg.workdir, "--"]
+            if self.as_root:
+                args += [
+                    "setpriv",
+                    "--reuid=0",
+                    "--regid=0",
+                    "--clear-groups",
+                    "--inh-caps=-all",
+                    "--bounding-set=-all",
+                    "--",
+                ]
+            args += ["/bin/sh", "-c", _CONTROL_SCRIPT]
+            pass_fds = [info_w, block_r, seccomp_fd, *fds[5:]]
+            self._proc = await asyncio.create_subprocess_exec(
+                *args,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=pass_fds,
+                start_new_session=True,
+                umask=0o022,
+                # bwrap's own pid 1 stays visible inside: it must not carry our environment.
+                env={"PATH": DEFAULT_PATH},
+            )
+            for fd in pass_fds:
+                os.close(fd)
+                fds.remove(fd)
+            self._tasks.append(asyncio.create_task(self._drain_stderr()))
+            info = await asyncio.wait_for(self._read_info(info_r), _START_TIMEOUT)
+            self._ns_pid = int(info["child-pid"])
+            self._setup_userns(self._ns_pid)
+            os.write(block_w, b"1")
+            ready = asyncio.get_running_loop().create_future()
+            self._started["R"] = ready
+            self._tasks.append(asyncio.create_task(self._read_control()))
+            await asyncio.wait_for(ready, _START_TIMEOUT)
+        finally:
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if cfg.limits.upper_bytes is not None:
+            self._tasks.append(asyncio.create_task(self._watch_upper(cfg.limits.upper_bytes)))
+
+    async def _read_info(self, fd: int) -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        buf = b""
+        while True:
+            chunk = await loop.run_in_executor(None, os.read, fd, 4096)
+            if not chunk:
+                await self._fail_start()
+            buf += chunk
+            with contextlib.suppress(ValueError):
+                return json.JSONDecoder().raw_decode(buf.decode())[0]  # type: ignore[no-any-return]
+
+    async def _fail_start(self) -> None:
+        assert self._proc is not None
+        await self._proc.wait()
+        await asyncio.sleep(0)  # let the stderr drain finish
+        for t in self._tasks:
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(t, 1)
+        msg = explain_bwrap_failure(decode(self._stderr.getvalue()))
+        raise SandboxStartError(f"bwrap failed (exit {self._proc.returncode}): {msg}")
+
+    def _setup_userns(self, pid: int) -> None:
+        """Write the uid map bwrap waits for, then the per-sandbox rlimits of its pid 1."""
+        uid, gid = self.sandbox_uid, self.sandbox_gid
+        if self.as_root:
+            # Host root appears as uid 1 only so that bwrap's own setup can run; nothing in the
+            # sandbox can become it (no capabilities, no_new_privs).
+            uid_map, gid_map = f"0 {uid} 1\n1 0 1\n", f"0 {gid} 1\n1 0 1\n"
+        else:
+            uid_map, gid_map = f"0 {uid} 1\n", f"0 {gid} 1\n"
+        with open(f"/proc/{pid}/uid_map", "w") as f:
+            f.write(uid_map)
+        if not self.as_root:
+            # Required before an unprivileged gid map. A root caller keeps setgroups() so that
+            # setpriv can clear the supplementary groups (host root's group 0) inside.
+            with open(f"/proc/{pid}/setgroups", "w") as f:
+                f.write("deny")
+        with open(f"/proc/{pid}/gid_map", "w") as f:
+            f.write(gid_map)
+        lim = self.config.limits
+        # Set on pid 1 after its user namespace exists: RLIMIT_NPROC then counts the processes
+        # of this sandbox only, not every process of the caller's uid.
+        wanted = {
+            resource.RLIMIT_NPROC: lim.processes,
+            resource.RLIMIT_AS: lim.memory_bytes,
+            resource.RLIMIT_NOFILE: lim.open_files,
+            resource.RLIMIT_FSIZE: lim.file_size_bytes,
+            resource.RLIMIT_CPU: lim.cpu_seconds,
+            resource.RLIMIT_CORE: 0,
+        }
+        for res, value in wanted.items():
+            if value is None:
+                continue
+            _soft, hard = resource.prlimit(pid, res)
+            if hard != resource.RLIM_INFINITY and not self.as_root:
+                value = min(value, hard)
+            resource.prlimit(pid, res, (value, value))
+
+    async def _drain_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        while chunk := await self._proc.stderr.read(65536):
+            self._stderr.write(chunk)
+
+    async def _read_control(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        reader = self._proc.stdout
+        try:
+            while line := await reader.readline():
+                parts = line.decode(errors="replace").split()
+                if not parts:
+                    continue
+                kind = parts[0]
+                table = self._waiters if kind == "X" else self._started
+                key = "R" if kind == "R" else (parts[1] if len(parts) > 1 else "")
+                fut = table.pop(key, None)
+                if fut is not None and not fut.done():
+                    value = parts[2] if len(parts) > 2 else "0"
+                    fut.set_result(int(value) if value.lstrip("-").isdigit() else 0)
+        finally:
+            reason = self._dead or SandboxNotRunningError(
+                f"sandbox {self.id} exited" + self._stderr_tail()
+            )
+            if self._dead is None and not self._stopped:
+                self._dead = reason
+            for fut in [*self._waiters.values(), *self._started.values()]:
+                if not fut.done():
+                    fut.set_exception(reason)
+            self._waiters.clear()
+            self._started.clear()
+
+    def _stderr_tail(self) -> str:
+        text = decode(self._stderr.getvalue()).strip()
+        return f": {text[-2000:]}" if text else ""
+
+    async def _watch_upper(self, limit: int) -> None:
+        """Stop the sandbox once its writable layer (and channel dir) outgrows `limit` bytes."""
+        assert self._upper is not None and self._dir is not None
+        trees = [self._upper, self._dir / "io"]
+        interval = 0.5
+        while self.running:
+            began = time.monotonic()
+            used = sum(_disk_usage(t) for t in trees)
+            if used > limit:
+                self._dead = SandboxLimitError(
+                    f"sandbox {self.id} wrote {used} bytes to its upper layer, over the limit of "
+                    f"{limit}; it was stopped"
+                )
+                await self._kill()
+                return
+            # Scanning a large upper layer is not free: poll more slowly the longer it takes.
+            await asyncio.sleep(max(interval, 20 * (time.monotonic() - began)))
+
+    async def _kill(self) -> None:
+        if self._ns_pid is not None:
+            # Killing pid 1 of the sandbox's pid namespace kills every process in it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(self._ns_pid, signal.SIGKILL)
+        if self._proc is not None and self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+
+    async def stop(self) -> None:
+        """Kill everything in the sandbox and remove its temporary directories. Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        for session in list(self._sessions.values()):
+            session._close()  # type: ignore[attr-defined]
+        self._sessions.clear()
+        await self._kill()
+        if self._proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                await self._proc.wait()
+        current = asyncio.current_task()
+        for t in self._tasks:
+            if t is not current:
+                t.cancel()
+                with contextlib.suppress(BaseException):
+                    await t
+        if self._io_fd is not None:
+            os.close(self._io_fd)
+            self._io_fd = None
+        if self._work is not None and self.config.upper is not None:
+            runtime.remove_tree(self._work)
+        if self._dir is not None:
+            runtime.remove_tree(self._dir)
+
+    def _require_running(self) -> None:
+        if self._dead is not None:
+            raise (
+                self._dead
+                if isinstance(self._dead, SandboxLimitError)
+                else (SandboxNotRunningError(str(self._dead)))
+            )
+        if not self.running:
+            raise SandboxNotRunningError(
+                f"sandbox {self.id} is not running" + (" (stopped)" if self._stopped else "")
+            )
+
+    # ---------------------------------------------------------------- channel files
+
+    def _next_id(self) -> str:
+        self._rid += 1
+        return str(self._rid)
+
+    def _mkfifo(self, name: str) -> int:
+        """Create a FIFO in the channel dir and open its read end (non-blocking)."""
+        assert self._io_fd is not None
+        os.mkfifo(name, 0o600, dir_fd=self._io_fd)
+        if self.as_root:
+            os.chown(
+                name, self.sandbox_uid, self.sandbox_gid, dir_fd=self._io_fd, follow_symlinks=False
+            )
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._io_fd
+        )
+        if not stat.S_ISFIFO(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise SandboxFileError(f"channel file {name} of sandbox {self.id} was replaced")
+        return fd
+
+    def _open_channel_file(self, name: str) -> int:
+        """Create a new regular file in the channel dir for writing (never an existing one)."""
+        assert self._io_fd is not None
+        fd = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o644,
+            dir_fd=self._io_fd,
+        )
+        if self.as_root:
+            os.fchown(fd, self.sandbox_uid, self.sandbox_gid)
+        return fd
+
+    def _write_channel_file(self, name: str, data: bytes) -> None:
+        fd = self._open_channel_file(name)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+
+    def _unlink_channel(self, *names: str) -> None:
+        if self._io_fd is None:
+            return
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self._io_fd)
+
+    def _send_control(self, line: str) -> None:
+        self._require_running()
+        assert self._proc is not None and self._proc.stdin is not None
+        if "\n" in line:
+            raise ValueError("control lines are single lines")
+        self._proc.stdin.write(line.encode() + b"\n")
+
+    # ---------------------------------------------------------------- commands
+
+    async def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        merge_stderr: bool = False,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+    ) -> ExecResult:
+        """Run one command to completion, like subprocess.run.
+
+        A string runs under `bash -c`; a sequence is executed directly. On timeout the command's
+        whole process group is killed and CommandTimeoutError carries the output so far."""
+        raw = await self._execute_raw(
+            command,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            stdin=stdin,
+            merge_stderr=merge_stderr,
+            max_output=max_output,
+        )
+        return ExecResult(
+            exit_code=raw.exit_code,
+            stdout=decode(raw.stdout),
+            stderr=decode(raw.stderr),
+            truncated=raw.truncated,
+            duration_s=raw.duration_s,
+        )
+
+    async def _execute_raw(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        merge_stderr: bool = False,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+    ) -> _RawResult:
+        self._require_running()
+        timeout = self.config.limits.command_timeout if timeout is None else timeout
+        argv = ["/bin/bash", "-c", command] if isinstance(command, str) else list(command)
+        if not argv:
+            raise ValueError("empty command")
+        for part in (*argv, cwd or "", *(env or {}).keys(), *(env or {}).values()):
+            if "\0" in part:
+                raise ValueError("commands, paths and variables cannot contain NUL bytes")
+        rid = self._next_id()
+        names = [f"{rid}.o"] + ([] if merge_stderr else [f"{rid}.e"])
+        stdin_path = "/dev/null"
+        if stdin is not None:
+            data = stdin.encode() if isinstance(stdin, str) else stdin
+            self._write_channel_file(f"{rid}.i", data)
+            names.append(f"{rid}.i")
+            stdin_path = f"{IO_DIR}/{rid}.i"
+        out, err = CappedOutput(max_output), CappedOutput(max_output)
+        fds: list[int] = []
+        loop = asyncio.get_running_loop()
+        began = time.monotonic()
+        try:
+            fds.append(self._mkfifo(f"{rid}.o"))
+            if not merge_stderr:
+                fds.append(self._mkfifo(f"{rid}.e"))
+            sinks = {fds[0]: out, **({fds[1]: err} if not merge_stderr else {})}
+            for fd, sink in sinks.items():
+                loop.add_reader(fd, _drain_into, fd, sink)
+            env_words = " ".join(_q(f"{k}={v}") for k, v in (env or {}).items())
+            redirect_err = "2>&1" if merge_stderr else f"2>{_q(f'{IO_DIR}/{rid}.e')}"
+            started: asyncio.Future[int] = loop.create_future()
+            done: asyncio.Future[int] = loop.create_future()
+            self._started[rid], self._waiters[rid] = started, done
+            self._send_control(
+                "{ { cd -- "
+                + _q(cwd or self.config.workdir)
+                + " || exit 126; exec env "
+                + env_words
+                + " setsid "
+                + " ".join(_q(a) for a in argv)
+                + "; } <"
+                + _q(stdin_path)
+                + " >"
+                + _q(f"{IO_DIR}/{rid}.o")
+                + " "
+                + redirect_err
+                + f' & p=$!; echo "P {rid} $p" >&9; wait $p; echo "X {rid} $?" >&9; }} &'
+            )
+            try:
+                exit_code = await asyncio.wait_for(asyncio.shield(done), timeout)
+            except asyncio.TimeoutError:
+                pid = started.result() if started.done() else None
+                if pid:
+                    self._send_control(
+                        f"kill -KILL -- -{pid} 2>/dev/null; pkill -KILL -s {pid} 2>/dev/null"
+                    )
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(done, 5)
+                for fd, sink in sinks.items():
+                    _drain_into(fd, sink)
+                raise CommandTimeoutError(
+                    f"command timed out after {timeout} s: {_short(argv)}",
+                    output=decode(out.getvalue() + err.getvalue()),
+                ) from None
+            for fd, sink in sinks.items():
+                _drain_into(fd, sink)
+        finally:
+            self._started.pop(rid, None)
+            self._waiters.pop(rid, None)
+            for fd in fds:
+                loop.remove_reader(fd)
+                os.close(fd)
+            self._unlink_channel(*names)
+        return _RawResult(
+            exit_code=exit_code,
+            stdout=out.getvalue(),
+            stderr=err.getvalue(),
+            truncated=out.truncated or err.truncated,
+            duration_s=time.monotonic() - began,
+        )
+
+    # ---------------------------------------------------------------- files
+
+    def _inside(self, path: str) -> str:
+        if "\0" in path:
+            raise SandboxFileError(f"path {path!r} contains a NUL byte")
+        return os.path.normpath(os.path.join(self.config.workdir, path))
+
+    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
+        """Bytes of a file inside the sandbox (read by a process inside: host files are out of
+        reach, whatever symlinks or `..` the path holds)."""
+        target = self._inside(path)
+        r = await self._execute_raw(["cat", "--", target], max_output=max_bytes)
+        if r.exit_code != 0:
+            raise SandboxFileError(
+                f"cannot read {target} in the sandbox: {decode(r.stderr).strip()}"
+            )
+        return r.stdout
+
+    async def read_text(
+        self, path: str, *, encoding: str = "utf-8", errors: str = "backslashreplace"
+    ) -> str:
+        return (await self.read_file(path)).decode(encoding, errors)
+
+    async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
+        """Create or replace a file inside the sandbox, creating its parent directories."""
+        target = self._inside(path)
+        payload = data.encode() if isinstance(data, str) else data
+        script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+        if mode is not None:
+            script += f' && chmod {mode:o} -- "$1"'
+        r = await self._execute_raw(["/bin/sh", "-c", script, "sh", target], stdin=payload)
+        if r.exit_code != 0:
+            raise SandboxFileError(
+                f"cannot write {target} in the sandbox: {decode(r.stderr).strip()}"
+            )
+
+    async def upload(self, source: str | os.PathLike[str], target: str) -> None:
+        """Copy a host file or directory into the sandbox at `target` (a directory's contents
+        land in `target`). Symlinks in the source are copied as symlinks, never followed."""
+        src = Path(source)
+        if not src.exists() and not src.is_symlink():
+            raise SandboxFileError(f"upload source {src} does not exist")
+        dest = self._inside(target)
+        self._require_running()
+        rid = self._next_id()
+        name = f"{rid}.tar"
+        fd = self._open_channel_file(name)
+        try:
+            with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
+                if src.is_dir() and not src.is_symlink():
+                    for child in sorted(src.iterdir()):
+                        tar.add(child, arcname=child.name)
+                    extract_to = dest
+                else:
+                    tar.add(src, arcname=os.path.basename(dest))
+                    extract_to = os.path.dirname(dest)
+            r = await self._execute_raw(
+                [
+                    "/bin/sh",
+                    "-c",
+                    'mkdir -p -- "$1" && tar -x --no-same-owner -C "$1" -f "$2"',
+                    "sh",
+                    extract_to,
+                    f"{IO_DIR}/{name}",
+                ]
+            )
+        finally:
+            self._unlink_channel(name)
+        if r.exit_code != 0:
+            raise SandboxFileError(f"cannot upload {src} to {dest}: {decode(r.stderr).strip()}")
+
+    # ---------------------------------------------------------------- sessions
+
+    async def create_session(self, name: str = "default", **kwargs: object):  # type: ignore[no-untyped-def]
+        """Start a persistent interactive bash (its own pty) and return its ShellSession."""
+        from .session import ShellSession
+
+        if name in self._sessions:
+            raise SessionError(f"session {name!r} already exists in sandbox {self.id}")
+        self._require_running()
+        session = ShellSession(self, name, **kwargs)  # type: ignore[arg-type]
+        self._sessions[name] = session
+        try:
+            await session._start()
+        except BaseException:
+            self._sessions.pop(name, None)
+            session._close()
+            raise
+        return session
+
+    def session(self, name: str = "default"):  # type: ignore[no-untyped-def]
+        try:
+            return self._sessions[name]
+        except KeyError:
+            raise SessionError(f"no session {name!r} in sandbox {self.id}") from None
+
+    @property
+    def sessions(self) -> list[str]:
+        return list(self._sessions)
+
+    async def close_session(self, name: str) -> None:
+        session = self._sessions.pop(name, None)
+        if session is None:
+            raise SessionError(f"no session {name!r} in sandbox {self.id}")
+        session._close()  # type: ignore[attr-defined]
+
+
+def _drain_into(fd: int, sink: CappedOutput) -> None:
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            return
+        if not chunk:
+            return
+        sink.write(chunk)
+
+
+def _short(argv: Sequence[str]) -> str:
+    text = " ".join(argv)
+    return text if len(text) < 200 else text[:200] + "..."
+
+
+def _disk_usage(path: Path) -> int:
+    """Bytes allocated under `path`, not following symlinks; unreadable parts count as 0."""
+    total = 0
+    stack = [str(path)]
+    while stack:
+        current = stack.pop()
+        try:
+            with os.scandir(current) as it:
+                for entry in it:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append(entry.path)
+        except OSError:
+            continue
+    return total

@@ -1,0 +1,317 @@
+"""Persistent interactive bash sessions inside a sandbox, each on its own pseudo-terminal.
+
+The pty is allocated in the sandbox's own devpts instance (its /dev/pts/ptmx, reached through
+/proc/<pid>/root), so the session's bash has a real controlling terminal: job control, Ctrl-C,
+and programs that want a tty (a Python REPL) behave as they do for a person.
+
+Each command is written to a file in the sandbox's channel directory and sourced, so multi-line
+commands and heredocs need no escaping and arrive in one piece (a tty line is at most 4 KiB).
+The end of a command is its prompt: PS1 carries a random marker and `$?`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import signal
+import stat
+import struct
+import termios
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel
+
+from .errors import CommandTimeoutError, SessionError
+from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
+from .rootfs import IO_DIR
+
+if TYPE_CHECKING:
+    from .sandbox import Sandbox
+
+_TIOCSPTLCK = 0x40045431
+_TIOCGPTN = 0x80045430
+_TIOCGPTPEER = 0x5441
+_PTMX_RDEV = os.makedev(5, 2)
+
+
+class SessionResult(BaseModel):
+    """What a session command printed (stdout and stderr interleaved, as on a terminal)."""
+
+    output: str
+    exit_code: int | None  # None when the command ended at an `expect` pattern, not a prompt
+    truncated: bool = False
+    match: str | None = None
+
+
+class ShellSession:
+    """One persistent bash. Not for concurrent use: one command at a time."""
+
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        name: str,
+        *,
+        env: dict[str, str] | None = None,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+        columns: int = 200,
+        rows: int = 50,
+    ) -> None:
+        self.sandbox = sandbox
+        self.name = name
+        self._env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **(env or {})}
+        self._max_output = max_output
+        self._size = (rows, columns)
+        self._nonce = secrets.token_hex(8)
+        self._marker = re.compile(rb"__MSB" + self._nonce.encode() + rb"_(\d+)__")
+        self._master: int | None = None
+        self._buf = CappedOutput(max_output)
+        self._scan = bytearray()  # the recent bytes that a marker or an expect pattern may span
+        self._data = asyncio.Event()
+        self._eof = False
+        self._busy = False
+        self._shell_pgid: int | None = None
+        self._seq = 0
+
+    # ---------------------------------------------------------------- setup
+
+    def _open_pty(self) -> tuple[int, int]:
+        pid = self.sandbox.pid
+        # dev and dev/pts are mount points inside the sandbox: it cannot swap them for symlinks.
+        fd = os.open(
+            f"/proc/{pid}/root/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
+        st = os.fstat(fd)
+        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != _PTMX_RDEV:
+            os.close(fd)
+            raise SessionError("the sandbox's /dev/pts/ptmx is not the pty multiplexer")
+        fcntl.ioctl(fd, _TIOCSPTLCK, struct.pack("i", 0))
+        (number,) = struct.unpack("I", fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4))
+        peer = fcntl.ioctl(fd, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
+        try:
+            attrs = termios.tcgetattr(peer)
+            attrs[1] &= ~termios.ONLCR  # oflag: keep "\n" as it was written
+            attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag: no echo of our input
+            termios.tcsetattr(peer, termios.TCSANOW, attrs)
+            rows, cols = self._size
+            fcntl.ioctl(peer, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+            if self.sandbox.as_root:
+                os.fchown(peer, self.sandbox.sandbox_uid, self.sandbox.sandbox_gid)
+        except BaseException:
+            os.close(peer)
+            os.close(fd)
+            raise
+        os.set_blocking(fd, False)
+        # Hold the terminal's other end until bash has it open: a master whose slave was never
+        # opened reads as EIO, which would look like a session that exited.
+        self._peer = peer
+        return fd, number
+
+    async def _start(self) -> None:
+        sb = self.sandbox
+        self._master, number = self._open_pty()
+        asyncio.get_running_loop().add_reader(self._master, self._on_readable)
+        tty = f"/dev/pts/{number}"
+        env = " ".join(f"{k}={_shq(v)}" for k, v in self._env.items())
+        rid = sb._next_id()
+        started = asyncio.get_running_loop().create_future()
+        sb._started[rid] = started
+        sb._send_control(
+            f"{{ exec setsid -c env {env} /bin/bash --noprofile --norc --noediting -i; }} "
+            f'<>{tty} >&0 2>&0 & echo "P {rid} $!" >&9'
+        )
+        await asyncio.wait_for(started, 30)
+        init = (
+            f"PS1='__MSB{self._nonce}_$?__'; PS2=''; PS0=''; PROMPT_COMMAND=''; "
+            "unset HISTFILE; set +o history; bind 'set enable-bracketed-paste off' 2>/dev/null\n"
+        )
+        self._write(init.encode())
+        try:
+            await self._wait(None, 30, discard=True)
+        finally:
+            os.close(self._peer)
+        self._shell_pgid = self._foreground_pgid()
+
+    # ---------------------------------------------------------------- io
+
+    def _on_readable(self) -> None:
+        assert self._master is not None
+        try:
+            chunk = os.read(self._master, 65536)
+        except BlockingIOError:
+            return
+        except OSError:  # EIO: the last process holding the terminal is gone
+            chunk = b""
+        if not chunk:
+            self._eof = True
+            asyncio.get_running_loop().remove_reader(self._master)
+        else:
+            self._buf.write(chunk)
+            self._scan += chunk
+            if len(self._scan) > 1 << 16:
+                del self._scan[: len(self._scan) - (1 << 16)]
+        self._data.set()
+
+    def _write(self, data: bytes) -> None:
+        if self._master is None or self._eof:
+            raise SessionError(f"session {self.name!r} has exited")
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._master, view)
+            except BlockingIOError:
+                import time
+
+                time.sleep(0.001)
+                continue
+            view = view[n:]
+
+    def _take(self, end: int) -> tuple[bytes, bool]:
+        """Everything read so far, up to `end` bytes before the end of the scan window."""
+        data = self._buf.getvalue()
+        truncated = self._buf.truncated
+        cut = len(self._scan) - end
+        if cut > 0:
+            data = data[: len(data) - cut]
+        self._buf = CappedOutput(self._max_output)
+        rest = bytes(self._scan[end:])
+        self._buf.write(rest)
+        self._scan = bytearray(rest)
+        return data, truncated
+
+    async def _wait(
+        self, expect: Sequence[str] | None, timeout: float, discard: bool = False
+    ) -> SessionResult:
+        patterns = [re.compile(p.encode()) for p in expect or ()]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            m = self._marker.search(self._scan)
+            if m:
+                data, truncated = self._take(m.end())
+                data = data[: len(data) - (m.end() - m.start())]
+                return SessionResult(
+                    output="" if discard else decode(data),
+                    exit_code=int(m.group(1)),
+                    truncated=truncated,
+                )
+            for p in patterns:
+                pm = p.search(self._scan)
+                if pm:
+                    data, truncated = self._take(pm.end())
+                    return SessionResult(
+                        output=decode(data),
+                        exit_code=None,
+                        truncated=truncated,
+                        match=decode(pm.group(0)),
+                    )
+            if self._eof:
+                self._close()
+                raise SessionError(
+                    f"session {self.name!r} exited"
+                    f"; it printed: {decode(self._buf.getvalue())[-500:]!r}"
+                )
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise CommandTimeoutError(
+                    f"session {self.name!r}: no prompt within {timeout} s",
+                    output=decode(self._buf.getvalue()),
+                )
+            self._data.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._data.wait(), remaining)
+
+    # ---------------------------------------------------------------- commands
+
+    async def run(
+        self, command: str, *, timeout: float | None = None, expect: Sequence[str] | None = None
+    ) -> SessionResult:
+        """Run `command` (any bash: several lines, heredocs, `cd`, `export`, `source venv`).
+
+        Returns at the next prompt, or as soon as the output matches a regex in `expect` (for
+        programs that wait for input, like a REPL; continue with `send`). On timeout raises
+        CommandTimeoutError and the session stays busy until `interrupt()`."""
+        self.sandbox._require_running()
+        if self._busy:
+            raise SessionError(
+                f"session {self.name!r} is still running a command; interrupt() it first"
+            )
+        if "\0" in command:
+            raise ValueError("commands cannot contain NUL bytes")
+        self._seq += 1
+        name = f"s{self.sandbox.id}-{self.name}-{self._seq}.sh".replace("/", "_")
+        self.sandbox._write_channel_file(name, command.encode())
+        try:
+            self._write(f". {IO_DIR}/{name}\n".encode())
+            return await self._finish(expect, timeout)
+        finally:
+            self.sandbox._unlink_channel(name)
+
+    async def send(
+        self, text: str, *, timeout: float | None = None, expect: Sequence[str] | None = None
+    ) -> SessionResult:
+        """Type `text` into the session's terminal (e.g. a line for a REPL), then wait for a
+        pattern in `expect`, or for the shell's prompt when `expect` is empty."""
+        self.sandbox._require_running()
+        self._write(text.encode())
+        return await self._finish(expect, timeout)
+
+    async def _finish(self, expect: Sequence[str] | None, timeout: float | None) -> SessionResult:
+        timeout = self.sandbox.config.limits.command_timeout if timeout is None else timeout
+        self._busy = True
+        result = await self._wait(expect, timeout)
+        # Still inside an interactive program when we stopped at an expect pattern.
+        self._busy = result.exit_code is None
+        return result
+
+    def _foreground_pgid(self) -> int | None:
+        if self._master is None:
+            return None
+        try:
+            (pgid,) = struct.unpack("i", fcntl.ioctl(self._master, termios.TIOCGPGRP, b"\0" * 4))
+        except OSError:
+            return None
+        return pgid
+
+    async def interrupt(self, timeout: float = 2.0) -> SessionResult:
+        """Stop what the session is running: Ctrl-C, then SIGKILL to the foreground job.
+        The session is usable again afterwards. Returns what was printed meanwhile."""
+        self._write(b"\x03")
+        try:
+            result = await self._wait(None, timeout)
+        except CommandTimeoutError:
+            pgid = self._foreground_pgid()
+            if pgid and pgid != self._shell_pgid:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            result = await self._wait(None, timeout)
+        self._busy = False
+        return result
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def _close(self) -> None:
+        if self._master is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._master)
+            if self._shell_pgid and not self._eof:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self._shell_pgid, signal.SIGKILL)
+            os.close(self._master)
+            self._master = None
+        self._eof = True
+
+    async def close(self) -> None:
+        await self.sandbox.close_session(self.name)
+
+
+def _shq(value: str) -> str:
+    import shlex
+
+    return shlex.quote(value)

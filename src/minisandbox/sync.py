@@ -1,0 +1,88 @@
+"""Blocking wrappers for code that is not async (scripts, some integrations).
+
+All sandboxes of a process share one event loop thread. It lives as long as the process: bwrap
+is told to die with its parent *thread*, so sandboxes must be started from a long-lived one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Coroutine, Sequence
+from typing import Any, TypeVar
+
+from .config import SandboxConfig
+from .sandbox import ExecResult, Sandbox
+from .session import SessionResult, ShellSession
+
+T = TypeVar("T")
+_loop: asyncio.AbstractEventLoop | None = None
+_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _lock:
+        if _loop is None or not _loop.is_running():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="minisandbox-loop", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
+
+
+class SyncSession:
+    def __init__(self, session: ShellSession) -> None:
+        self._session = session
+        self.name = session.name
+
+    def run(self, command: str, **kwargs: Any) -> SessionResult:
+        return run_sync(self._session.run(command, **kwargs))
+
+    def send(self, text: str, **kwargs: Any) -> SessionResult:
+        return run_sync(self._session.send(text, **kwargs))
+
+    def interrupt(self, timeout: float = 2.0) -> SessionResult:
+        return run_sync(self._session.interrupt(timeout))
+
+    def close(self) -> None:
+        run_sync(self._session.close())
+
+
+class SyncSandbox:
+    """`with SyncSandbox(layers=[...]) as sb: sb.execute("pytest")`"""
+
+    def __init__(self, config: SandboxConfig | None = None, **kwargs: Any) -> None:
+        self.sandbox = Sandbox(config, **kwargs)
+
+    def __enter__(self) -> SyncSandbox:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> SyncSandbox:
+        run_sync(self.sandbox.start())
+        return self
+
+    def stop(self) -> None:
+        run_sync(self.sandbox.stop())
+
+    def execute(self, command: str | Sequence[str], **kwargs: Any) -> ExecResult:
+        return run_sync(self.sandbox.execute(command, **kwargs))
+
+    def create_session(self, name: str = "default", **kwargs: Any) -> SyncSession:
+        return SyncSession(run_sync(self.sandbox.create_session(name, **kwargs)))
+
+    def read_file(self, path: str) -> bytes:
+        return run_sync(self.sandbox.read_file(path))
+
+    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
+        run_sync(self.sandbox.write_file(path, data, mode=mode))
+
+    def upload(self, source: str | os.PathLike[str], target: str) -> None:
+        run_sync(self.sandbox.upload(source, target))
