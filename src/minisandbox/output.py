@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 DEFAULT_MAX_OUTPUT = 4 * 1024 * 1024
 
 
 class CappedOutput:
     """Keeps the first and the last `cap // 2` bytes of a stream and counts what fell between."""
 
-    def __init__(self, cap: int | None = DEFAULT_MAX_OUTPUT) -> None:
+    def __init__(
+        self, cap: int | None = DEFAULT_MAX_OUTPUT, tee: Callable[[bytes], None] | None = None
+    ) -> None:
         self.cap = cap
+        self.tee = tee  # sees every byte, kept or not (for streaming)
         self.head = bytearray()
         self.tail = bytearray()
         self.dropped = 0
 
     def write(self, data: bytes) -> None:
+        if self.tee is not None:
+            self.tee(data)
         if self.cap is None:
             self.head += data
             return

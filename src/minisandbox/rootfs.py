@@ -13,6 +13,7 @@ in any layer: no mount can be redirected.
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,6 +21,10 @@ from .config import SandboxConfig
 from .errors import SandboxConfigError
 
 IO_DIR = "/run/minisandbox"  # per-sandbox channel directory (FIFOs, command files)
+# The control shell starts commands as background jobs, which a POSIX shell runs with SIGINT and
+# SIGQUIT ignored; a command (and every program it starts) must get them back, or Ctrl-C in a
+# session would do nothing.
+RESET_SIGNALS = "--default-signal=INT,QUIT"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Top-level host paths that are either symlinks into /usr (merged-/usr systems) or real dirs.
@@ -55,37 +60,70 @@ _ETC_ENTRIES = (
 )
 
 
+_PASSWD = (
+    "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+)
+_GROUP = "root:x:0:\nnogroup:x:65534:\n"
+# Mount points that every sandbox needs; present in the system layer so bwrap creates nothing.
+_MOUNT_POINTS = ("usr", "proc", "dev", "tmp", "run/minisandbox", "root", "etc")
+
+
 @dataclass
 class MountPlan:
     args: list[str] = field(default_factory=list)
     data: list[tuple[str, bytes]] = field(default_factory=list)  # (dest, content)
     destinations: list[str] = field(default_factory=list)
-    symlinks: dict[str, str] = field(default_factory=dict)
 
 
-def _etc_files(config: SandboxConfig) -> list[tuple[str, bytes]]:
-    passwd = (
-        "root:x:0:0:root:/root:/bin/bash\n"
-        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-    )
-    group = "root:x:0:\nnogroup:x:65534:\n"
-    hosts = f"127.0.0.1 localhost\n::1 localhost ip6-localhost\n127.0.1.1 {config.hostname}\n"
-    return [
-        ("/etc/passwd", passwd.encode()),
-        ("/etc/group", group.encode()),
-        ("/etc/hosts", hosts.encode()),
-        ("/etc/hostname", f"{config.hostname}\n".encode()),
-    ]
+def build_system_layer(path: Path, owner: tuple[int, int] | None) -> Path:
+    """The lowest layer of every sandbox, made once per process: the host's /etc entries that
+    programs need (copies: one overlay layer costs bwrap far less than two dozen bind mounts),
+    the /bin -> usr/bin style links of a merged-/usr host, generated passwd and group, and
+    the mount points. `owner`: who owns its directories (a root caller's sandbox uid), so the
+    sandbox's root can add files to /etc or /run; the copied files stay read-only for it."""
+    staging = path.with_name(path.name + ".tmp")
+    staging.mkdir(mode=0o755)
+    for name in _MOUNT_POINTS:
+        (staging / name).mkdir(mode=0o755, parents=True, exist_ok=True)
+    os.chmod(staging / "root", 0o700)
+    os.chmod(staging / "tmp", 0o1777)
+    for name in _SYSTEM_TOP:
+        host = f"/{name}"
+        if os.path.islink(host):
+            os.symlink(os.readlink(host), staging / name)
+    etc = staging / "etc"
+    for entry in _ETC_ENTRIES:
+        src, dst = Path("/etc") / entry, etc / entry
+        if not os.path.lexists(src):
+            continue
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if src.is_dir() and not src.is_symlink():
+                shutil.copytree(src, dst, symlinks=True)
+            elif src.is_symlink():
+                os.symlink(os.readlink(src), dst)
+            else:
+                shutil.copy2(src, dst)
+        except OSError:
+            continue  # unreadable on this host (e.g. a private key dir): the sandbox does without
+    (etc / "passwd").write_text(_PASSWD)
+    (etc / "group").write_text(_GROUP)
+    os.symlink("/proc/self/mounts", etc / "mtab")
+    if owner is not None:
+        for dirpath, _dirnames, _files in os.walk(staging):
+            os.chown(dirpath, *owner)
+    os.rename(staging, path)
+    return path
 
 
-def build_plan(config: SandboxConfig, upper: Path, work: Path, io_dir: Path) -> MountPlan:
+def build_plan(
+    config: SandboxConfig, system_layer: Path, upper: Path, work: Path, io_dir: Path
+) -> MountPlan:
     plan = MountPlan()
     a = plan.args
     # bwrap stacks --overlay-src in order, the last one on top; config.layers is lowest first.
-    for layer in config.layers:
+    for layer in (system_layer, *config.layers):
         a += ["--overlay-src", str(layer)]
-    if not config.layers:
-        a += ["--overlay-src", str(_empty_dir(io_dir.parent))]
     a += ["--overlay", str(upper), str(work), "/"]
 
     def ro(src: str, dest: str | None = None, try_: bool = False) -> None:
@@ -93,39 +131,29 @@ def build_plan(config: SandboxConfig, upper: Path, work: Path, io_dir: Path) -> 
         a.extend(["--ro-bind-try" if try_ else "--ro-bind", src, dest])
         plan.destinations.append(dest)
 
-    ro("/usr")
-    for name in _SYSTEM_TOP:
-        host = f"/{name}"
-        if os.path.islink(host):
-            target = os.readlink(host)
-            a += ["--symlink", target, host]
-            plan.symlinks[host] = target
-        elif os.path.isdir(host):
-            ro(host)
-    for entry in _ETC_ENTRIES:
-        if os.path.lexists(f"/etc/{entry}"):
-            ro(f"/etc/{entry}", try_=True)
-    if config.network:
-        ro("/etc/resolv.conf", try_=True)
-    for dest, content in _etc_files(config):
-        plan.data.append((dest, content))
-        plan.destinations.append(dest)
-    for path in config.ro_paths:
-        ro(str(path))
+    # The private mounts first: binds below may land inside them (a Python under /tmp).
     a += ["--proc", "/proc", "--dev", "/dev"]
     a += ["--size", str(config.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
     a += ["--size", str(config.limits.shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
+    plan.destinations += ["/proc", "/dev", "/tmp", "/dev/shm"]
+    ro("/usr")
+    for name in _SYSTEM_TOP:
+        host = f"/{name}"
+        if os.path.isdir(host) and not os.path.islink(host):
+            ro(host)  # a host without merged /usr
+    if config.network:
+        ro("/etc/resolv.conf", try_=True)
+    hosts = f"127.0.0.1 localhost\n::1 localhost ip6-localhost\n127.0.1.1 {config.hostname}\n"
+    plan.data += [
+        ("/etc/hosts", hosts.encode()),
+        ("/etc/hostname", f"{config.hostname}\n".encode()),
+    ]
+    plan.destinations += ["/etc/hosts", "/etc/hostname"]
+    for path in config.ro_paths:
+        ro(str(path))
     a += ["--bind", str(io_dir), IO_DIR]
-    a += ["--symlink", "/proc/self/mounts", "/etc/mtab"]
-    plan.symlinks["/etc/mtab"] = "/proc/self/mounts"
-    plan.destinations += ["/proc", "/dev", "/tmp", IO_DIR, "/etc/mtab"]
+    plan.destinations.append(IO_DIR)
     return plan
-
-
-def _empty_dir(parent: Path) -> Path:
-    path = parent / "empty"
-    path.mkdir(exist_ok=True)
-    return path
 
 
 def check_destinations(plan: MountPlan, trees: list[Path]) -> None:
@@ -134,13 +162,10 @@ def check_destinations(plan: MountPlan, trees: list[Path]) -> None:
         parts = Path(dest).parts[1:]
         for i in range(1, len(parts) + 1):
             rel = os.path.join(*parts[:i])
-            inside = "/" + rel
             for tree in trees:
                 candidate = tree / rel
                 if not os.path.islink(candidate):
                     continue
-                if plan.symlinks.get(inside) == os.readlink(candidate):
-                    continue  # the same symlink bwrap itself creates, e.g. /bin -> usr/bin
                 raise SandboxConfigError(
                     f"refusing to start: {candidate} is a symlink, and the sandbox mounts "
                     f"{dest} through it (bwrap follows symlinks in mount destinations)"

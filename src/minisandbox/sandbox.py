@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import resource
@@ -26,8 +27,9 @@ import shutil
 import signal
 import stat
 import tarfile
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -44,7 +46,14 @@ from .errors import (
     SessionError,
 )
 from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
-from .rootfs import DEFAULT_PATH, IO_DIR, build_plan, check_destinations
+from .rootfs import (
+    DEFAULT_PATH,
+    IO_DIR,
+    RESET_SIGNALS,
+    build_plan,
+    build_system_layer,
+    check_destinations,
+)
 from .seccomp import build_filter
 
 # The control shell: runs each line the supervisor sends; replies on fd 9 only.
@@ -168,11 +177,10 @@ class Sandbox:
         self._io_fd = os.open(io, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return io
 
-    def _precreate(self, destinations: list[str]) -> None:
+    def _precreate(self, destinations: list[str], layers: list[Path]) -> None:
         """Create, owned by the sandbox's root, the directories that bwrap would otherwise create
         as its own (root's, for a root caller) while placing mount points: /root, the workdir,
         and every parent of a mount destination that no layer provides."""
-        assert self._upper is not None
         wanted = {"/root", self.config.workdir}
         for dest in destinations:
             parent = os.path.dirname(dest)
@@ -181,14 +189,29 @@ class Sandbox:
                 parent = os.path.dirname(parent)
         for inside in sorted(wanted):
             rel = inside.lstrip("/")
-            if any(os.path.lexists(tree / rel) for tree in self.config.layers):
-                continue
-            target = self._upper / rel
+            if not any(os.path.lexists(tree / rel) for tree in layers):
+                self._make_upper_dir(Path(rel), layers)
+
+    def _make_upper_dir(self, rel: Path, layers: list[Path]) -> None:
+        """mkdir -p in the upper layer. A parent that a lower layer provides is created with
+        that layer's mode and owner: in an overlay the upper copy's attributes win."""
+        assert self._upper is not None
+        for i in range(1, len(rel.parts) + 1):
+            sub = Path(*rel.parts[:i])
+            target = self._upper / sub
             if os.path.lexists(target):
                 continue
-            target.mkdir(mode=0o700 if inside == "/root" else 0o755)
-            os.chmod(target, 0o700 if inside == "/root" else 0o755)  # whatever our umask is
-            self._chown(target)
+            lower = next((t / sub for t in reversed(layers) if os.path.lexists(t / sub)), None)
+            if lower is not None:
+                st = os.stat(lower)
+                mode, owner = stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid)
+            else:
+                mode = 0o700 if str(sub) == "root" else 0o755
+                owner = (self.sandbox_uid, self.sandbox_gid)
+            target.mkdir()
+            os.chmod(target, mode)  # whatever our umask is
+            if self.as_root:
+                os.chown(target, *owner)
 
     def _chown(self, path: Path) -> None:
         if self.as_root:
@@ -222,9 +245,11 @@ class Sandbox:
                 raise SandboxStartError(f"the host has no `{tool}` in /usr/bin or /bin; install it")
         io = self._prepare_dirs()
         assert self._upper is not None and self._work is not None
-        plan = build_plan(cfg, self._upper, self._work, io)
+        owner = (self.sandbox_uid, self.sandbox_gid) if self.as_root else None
+        system = _system_layer(self._dir.parent, owner)  # type: ignore[union-attr]
+        plan = build_plan(cfg, system, self._upper, self._work, io)
         check_destinations(plan, [self._upper, *cfg.layers])
-        self._precreate(plan.destinations)
+        self._precreate(plan.destinations, [system, *cfg.layers])
 
         fds: list[int] = []
         try:
@@ -272,7 +297,7 @@ class Sandbox:
             for dest, content in plan.data:
                 fd = _pipe_with(content)
                 fds.append(fd)
-                args += ["--ro-bind-data", str(fd), dest]
+                args += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
             args += ["--chdir", cfg.workdir, "--"]
             if self.as_root:
                 args += [
@@ -434,8 +459,13 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self._ns_pid, signal.SIGKILL)
         if self._proc is not None and self._proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.kill()
+            # The outer bwrap reaps pid 1 and exits by itself; killing it first would leave pid 1
+            # a zombie for whoever adopts it.
+            try:
+                await asyncio.wait_for(asyncio.shield(self._proc.wait()), 2)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
 
     async def stop(self) -> None:
         """Kill everything in the sandbox and remove its temporary directories. Idempotent."""
@@ -541,11 +571,13 @@ class Sandbox:
         stdin: bytes | str | None = None,
         merge_stderr: bool = False,
         max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> ExecResult:
         """Run one command to completion, like subprocess.run.
 
         A string runs under `bash -c`; a sequence is executed directly. On timeout the command's
-        whole process group is killed and CommandTimeoutError carries the output so far."""
+        whole process group is killed and CommandTimeoutError carries the output so far.
+        `on_output(fd, chunk)` sees the output as it arrives (fd 1 or 2), e.g. to stream it."""
         raw = await self._execute_raw(
             command,
             cwd=cwd,
@@ -554,6 +586,7 @@ class Sandbox:
             stdin=stdin,
             merge_stderr=merge_stderr,
             max_output=max_output,
+            on_output=on_output,
         )
         return ExecResult(
             exit_code=raw.exit_code,
@@ -573,6 +606,7 @@ class Sandbox:
         stdin: bytes | str | None = None,
         merge_stderr: bool = False,
         max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_output: Callable[[int, bytes], None] | None = None,
     ) -> _RawResult:
         self._require_running()
         timeout = self.config.limits.command_timeout if timeout is None else timeout
@@ -590,7 +624,8 @@ class Sandbox:
             self._write_channel_file(f"{rid}.i", data)
             names.append(f"{rid}.i")
             stdin_path = f"{IO_DIR}/{rid}.i"
-        out, err = CappedOutput(max_output), CappedOutput(max_output)
+        out = CappedOutput(max_output, on_output and functools.partial(on_output, 1))
+        err = CappedOutput(max_output, on_output and functools.partial(on_output, 2))
         fds: list[int] = []
         loop = asyncio.get_running_loop()
         began = time.monotonic()
@@ -609,9 +644,7 @@ class Sandbox:
             self._send_control(
                 "{ { cd -- "
                 + _q(cwd or self.config.workdir)
-                + " || exit 126; exec env "
-                + env_words
-                + " setsid "
+                + f" || exit 126; exec env {RESET_SIGNALS} {env_words} setsid "
                 + " ".join(_q(a) for a in argv)
                 + "; } <"
                 + _q(stdin_path)
@@ -759,6 +792,19 @@ class Sandbox:
         if session is None:
             raise SessionError(f"no session {name!r} in sandbox {self.id}")
         session._close()  # type: ignore[attr-defined]
+
+
+_system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}
+_system_lock = threading.Lock()
+
+
+def _system_layer(process_dir: Path, owner: tuple[int, int] | None) -> Path:
+    with _system_lock:
+        key = (process_dir, owner)
+        if key not in _system_layers:
+            name = "system" if owner is None else f"system-{owner[0]}"
+            _system_layers[key] = build_system_layer(process_dir / name, owner)
+        return _system_layers[key]
 
 
 def _drain_into(fd: int, sink: CappedOutput) -> None:

@@ -17,6 +17,7 @@ import fcntl
 import os
 import re
 import secrets
+import shlex
 import signal
 import stat
 import struct
@@ -28,7 +29,7 @@ from pydantic import BaseModel
 
 from .errors import CommandTimeoutError, SessionError
 from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
-from .rootfs import IO_DIR
+from .rootfs import IO_DIR, RESET_SIGNALS
 
 if TYPE_CHECKING:
     from .sandbox import Sandbox
@@ -63,7 +64,14 @@ class ShellSession:
     ) -> None:
         self.sandbox = sandbox
         self.name = name
-        self._env = {"TERM": "dumb", "PAGER": "cat", "GIT_PAGER": "cat", **(env or {})}
+        self._env = {
+            "TERM": "dumb",
+            "PAGER": "cat",
+            "GIT_PAGER": "cat",
+            "VIRTUAL_ENV_DISABLE_PROMPT": "1",
+            "CONDA_CHANGEPS1": "false",
+            **(env or {}),
+        }
         self._max_output = max_output
         self._size = (rows, columns)
         self._nonce = secrets.token_hex(8)
@@ -79,61 +87,28 @@ class ShellSession:
 
     # ---------------------------------------------------------------- setup
 
-    def _open_pty(self) -> tuple[int, int]:
-        pid = self.sandbox.pid
-        # dev and dev/pts are mount points inside the sandbox: it cannot swap them for symlinks.
-        fd = os.open(
-            f"/proc/{pid}/root/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
-        st = os.fstat(fd)
-        if not stat.S_ISCHR(st.st_mode) or st.st_rdev != _PTMX_RDEV:
-            os.close(fd)
-            raise SessionError("the sandbox's /dev/pts/ptmx is not the pty multiplexer")
-        fcntl.ioctl(fd, _TIOCSPTLCK, struct.pack("i", 0))
-        (number,) = struct.unpack("I", fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4))
-        peer = fcntl.ioctl(fd, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
-        try:
-            attrs = termios.tcgetattr(peer)
-            attrs[1] &= ~termios.ONLCR  # oflag: keep "\n" as it was written
-            attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag: no echo of our input
-            termios.tcsetattr(peer, termios.TCSANOW, attrs)
-            rows, cols = self._size
-            fcntl.ioctl(peer, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-            if self.sandbox.as_root:
-                os.fchown(peer, self.sandbox.sandbox_uid, self.sandbox.sandbox_gid)
-        except BaseException:
-            os.close(peer)
-            os.close(fd)
-            raise
-        os.set_blocking(fd, False)
-        # Hold the terminal's other end until bash has it open: a master whose slave was never
-        # opened reads as EIO, which would look like a session that exited.
-        self._peer = peer
-        return fd, number
-
     async def _start(self) -> None:
-        sb = self.sandbox
-        self._master, number = self._open_pty()
-        asyncio.get_running_loop().add_reader(self._master, self._on_readable)
-        tty = f"/dev/pts/{number}"
-        env = " ".join(f"{k}={_shq(v)}" for k, v in self._env.items())
-        rid = sb._next_id()
-        started = asyncio.get_running_loop().create_future()
-        sb._started[rid] = started
-        sb._send_control(
-            f"{{ exec setsid -c env {env} /bin/bash --noprofile --norc --noediting -i; }} "
-            f'<>{tty} >&0 2>&0 & echo "P {rid} $!" >&9'
+        rows, cols = self._size
+        term = await open_terminal(
+            self.sandbox,
+            ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"],
+            env=self._env,
+            rows=rows,
+            columns=cols,
+            echo=False,
         )
-        await asyncio.wait_for(started, 30)
+        self._master = term.master
+        asyncio.get_running_loop().add_reader(self._master, self._on_readable)
+        # PROMPT_COMMAND puts the marker back should a command rewrite PS1 (venv activation).
         init = (
-            f"PS1='__MSB{self._nonce}_$?__'; PS2=''; PS0=''; PROMPT_COMMAND=''; "
-            "unset HISTFILE; set +o history; bind 'set enable-bracketed-paste off' 2>/dev/null\n"
+            f"__msb_prompt() {{ __msb_rc=$?; PS1='__MSB{self._nonce}_${{__msb_rc}}__'; }}; "
+            "PROMPT_COMMAND=__msb_prompt; PS2=''; PS0=''; unset HISTFILE; set +o history\n"
         )
         self._write(init.encode())
         try:
             await self._wait(None, 30, discard=True)
         finally:
-            os.close(self._peer)
+            term.release_peer()
         self._shell_pgid = self._foreground_pgid()
 
     # ---------------------------------------------------------------- io
@@ -228,13 +203,19 @@ class ShellSession:
     # ---------------------------------------------------------------- commands
 
     async def run(
-        self, command: str, *, timeout: float | None = None, expect: Sequence[str] | None = None
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        expect: Sequence[str] | None = None,
+        input: str | None = None,
     ) -> SessionResult:
         """Run `command` (any bash: several lines, heredocs, `cd`, `export`, `source venv`).
 
         Returns at the next prompt, or as soon as the output matches a regex in `expect` (for
         programs that wait for input, like a REPL; continue with `send`). On timeout raises
-        CommandTimeoutError and the session stays busy until `interrupt()`."""
+        CommandTimeoutError and the session stays busy until `interrupt()`. `input` is typed
+        into the terminal once the command has started, for commands that read stdin."""
         self.sandbox._require_running()
         if self._busy:
             raise SessionError(
@@ -246,7 +227,7 @@ class ShellSession:
         name = f"s{self.sandbox.id}-{self.name}-{self._seq}.sh".replace("/", "_")
         self.sandbox._write_channel_file(name, command.encode())
         try:
-            self._write(f". {IO_DIR}/{name}\n".encode())
+            self._write(f". {IO_DIR}/{name}\n".encode() + (input or "").encode())
             return await self._finish(expect, timeout)
         finally:
             self.sandbox._unlink_channel(name)
@@ -311,7 +292,87 @@ class ShellSession:
         await self.sandbox.close_session(self.name)
 
 
-def _shq(value: str) -> str:
-    import shlex
+class Terminal:
+    """A process inside a sandbox on a pty of the sandbox's own devpts; we hold the master."""
 
-    return shlex.quote(value)
+    def __init__(self, master: int, peer: int, number: int) -> None:
+        self.master = master
+        self._peer: int | None = peer
+        self.number = number
+
+    def release_peer(self) -> None:
+        """Drop our handle on the terminal's other end once the process has it open; from then
+        on, reading the master fails (EIO) when the process is gone."""
+        if self._peer is not None:
+            os.close(self._peer)
+            self._peer = None
+
+    def close(self) -> None:
+        self.release_peer()
+        with contextlib.suppress(OSError):
+            os.close(self.master)
+
+
+def _open_pty(sandbox: Sandbox, rows: int, columns: int, echo: bool) -> Terminal:
+    # dev and dev/pts are mount points inside the sandbox: it cannot swap them for symlinks.
+    fd = os.open(
+        f"/proc/{sandbox.pid}/root/dev/pts/ptmx",
+        os.O_RDWR | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC,
+    )
+    st = os.fstat(fd)
+    if not stat.S_ISCHR(st.st_mode) or st.st_rdev != _PTMX_RDEV:
+        os.close(fd)
+        raise SessionError("the sandbox's /dev/pts/ptmx is not the pty multiplexer")
+    try:
+        fcntl.ioctl(fd, _TIOCSPTLCK, struct.pack("i", 0))
+        (number,) = struct.unpack("I", fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4))
+        peer = fcntl.ioctl(fd, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        if not echo:
+            attrs = termios.tcgetattr(peer)
+            attrs[1] &= ~termios.ONLCR  # oflag: keep "\n" as it was written
+            attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag: no echo of our input
+            termios.tcsetattr(peer, termios.TCSANOW, attrs)
+        fcntl.ioctl(peer, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
+        if sandbox.as_root:
+            os.fchown(peer, sandbox.sandbox_uid, sandbox.sandbox_gid)
+    except BaseException:
+        os.close(peer)
+        os.close(fd)
+        raise
+    os.set_blocking(fd, False)
+    return Terminal(fd, peer, number)
+
+
+async def open_terminal(
+    sandbox: Sandbox,
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    rows: int = 24,
+    columns: int = 80,
+    echo: bool = True,
+) -> Terminal:
+    """Start `argv` inside the sandbox as the leader of a new session whose controlling terminal
+    is a fresh pty. We keep the peer end open until the caller calls `release_peer()`: a master
+    whose slave was never opened reads as EIO, which would look like a process that exited."""
+    sandbox._require_running()
+    term = _open_pty(sandbox, rows, columns, echo)
+    try:
+        env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+        rid = sandbox._next_id()
+        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        sandbox._started[rid] = started
+        sandbox._send_control(
+            f"{{ exec setsid -c env {RESET_SIGNALS} {env_words} "
+            f"{' '.join(map(shlex.quote, argv))}; }} "
+            f'<>/dev/pts/{term.number} >&0 2>&0 & echo "P {rid} $!" >&9'
+        )
+        await asyncio.wait_for(started, 30)
+    except BaseException:
+        term.close()
+        raise
+    return term

@@ -1,0 +1,45 @@
+"""Shared fixtures. Every test here runs real bwrap sandboxes: nothing is mocked."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from minisandbox import Sandbox, SandboxConfig
+
+ROOT_MAPPED_UID = SandboxConfig().root_mapped_uid
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[Sandbox]:
+    async with Sandbox() as sb:
+        yield sb
+
+
+@pytest.fixture
+def layer_dir() -> Iterator[Path]:
+    """A directory a root caller's sandbox (an unprivileged uid) can also traverse: pytest's
+    own tmp_path lives under a mode-700 directory when we run as root."""
+    path = Path(tempfile.mkdtemp(prefix="msb-test-"))
+    os.chmod(path, 0o755)
+    yield path
+    from minisandbox.runtime import remove_tree
+
+    remove_tree(path)
+
+
+def give_to_sandbox(path: Path) -> None:
+    """Make a layer writable for the sandbox's root, whoever runs the tests: a root caller's
+    sandbox runs as an unprivileged uid and cannot write root's files."""
+    if os.geteuid() != 0:
+        return
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in [*dirnames, *filenames]:
+            os.chown(
+                os.path.join(dirpath, name), ROOT_MAPPED_UID, ROOT_MAPPED_UID, follow_symlinks=False
+            )
+    os.chown(path, ROOT_MAPPED_UID, ROOT_MAPPED_UID)

@@ -1,0 +1,218 @@
+"""Sandbox lifecycle, commands, layers and files, on real bwrap sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import give_to_sandbox
+from minisandbox import Limits, Sandbox, SandboxConfig, SyncSandbox
+from minisandbox.errors import (
+    BwrapNotFoundError,
+    CommandTimeoutError,
+    SandboxConfigError,
+    SandboxFileError,
+    SandboxNotRunningError,
+    SandboxStartError,
+)
+
+
+async def test_execute_separates_streams_and_passes_exit_code(sandbox: Sandbox) -> None:
+    r = await sandbox.execute("echo out; echo err >&2; exit 3")
+    assert (r.stdout, r.stderr, r.exit_code) == ("out\n", "err\n", 3)
+    merged = await sandbox.execute("echo out; echo err >&2", merge_stderr=True)
+    assert merged.stdout == "out\nerr\n" and merged.stderr == ""
+
+
+async def test_execute_argv_cwd_env_stdin(sandbox: Sandbox) -> None:
+    r = await sandbox.execute(["printf", "%s|", "a b", "$HOME", "'q'"])
+    assert r.stdout == "a b|$HOME|'q'|"
+    r = await sandbox.execute("pwd; echo $FOO", cwd="/tmp", env={"FOO": "bar baz"})
+    assert r.stdout == "/tmp\nbar baz\n"
+    r = await sandbox.execute(["tr", "a-z", "A-Z"], stdin="hello\n")
+    assert r.stdout == "HELLO\n"
+    missing = await sandbox.execute("true", cwd="/does/not/exist")
+    assert missing.exit_code != 0
+
+
+async def test_environment_is_clean_and_root_like(sandbox: Sandbox) -> None:
+    os.environ["MSB_TEST_HOST_ONLY"] = "leak"
+    try:
+        async with Sandbox() as sb:
+            r = await sb.execute("env; id -u; echo $HOME; hostname")
+    finally:
+        del os.environ["MSB_TEST_HOST_ONLY"]
+    assert "MSB_TEST_HOST_ONLY" not in r.stdout
+    for expected in ("PATH=/usr/local/sbin:", "HOME=/root", "LANG=C.UTF-8"):
+        assert expected in r.stdout
+    assert r.stdout.splitlines()[-3:] == ["0", "/root", "sandbox"]
+
+
+async def test_venv_goes_on_path(layer_dir: Path) -> None:
+    venv_bin = layer_dir / "opt" / "env" / "bin"
+    venv_bin.mkdir(parents=True)
+    tool = venv_bin / "hello-tool"
+    tool.write_text("#!/bin/sh\necho from-venv\n")
+    tool.chmod(0o755)
+    async with Sandbox(layers=[layer_dir], venv="/opt/env") as sb:
+        r = await sb.execute("hello-tool; echo $VIRTUAL_ENV")
+    assert r.stdout == "from-venv\n/opt/env\n"
+
+
+async def test_timeout_kills_the_process_group(sandbox: Sandbox) -> None:
+    began = time.monotonic()
+    with pytest.raises(CommandTimeoutError) as info:
+        await sandbox.execute("echo started; sleep 100 & sleep 100", timeout=0.5)
+    assert time.monotonic() - began < 10
+    assert "started" in info.value.output
+    ps = await sandbox.execute("ps -eo args")
+    assert "sleep 100" not in ps.stdout
+    assert (await sandbox.execute("echo alive")).stdout == "alive\n"
+
+
+async def test_output_is_capped_and_non_utf8_is_kept(sandbox: Sandbox) -> None:
+    r = await sandbox.execute("head -c 5000000 /dev/zero | tr '\\0' x", max_output=100_000)
+    assert r.truncated and len(r.stdout) < 200_000 and "omitted" in r.stdout
+    raw = await sandbox.execute("printf 'ok\\xff\\xfe'")
+    assert raw.stdout == "ok\\xff\\xfe"
+
+
+async def test_concurrent_commands(sandbox: Sandbox) -> None:
+    results = await asyncio.gather(*(sandbox.execute(f"sleep 0.2; echo {i}") for i in range(12)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(12)]
+
+
+async def test_layers_overlay_in_order_and_writes_stay_in_upper(tmp_path: Path) -> None:
+    base = Path(tmp_path / "low")
+    top = Path(tmp_path / "top")
+    for d, text in ((base, "low"), (top, "top")):
+        (d / "testbed").mkdir(parents=True)
+        (d / "testbed" / "shared.txt").write_text(text)
+    (base / "testbed" / "only-low.txt").write_text("only low")
+    os.chmod(tmp_path, 0o755)
+    give_to_sandbox(base)
+    give_to_sandbox(top)
+    upper = tmp_path / "kept-upper"
+    async with Sandbox(layers=[base, top], upper=upper) as sb:
+        r = await sb.execute("cat shared.txt only-low.txt; echo new > shared.txt; echo x > new.txt")
+        assert r.stdout == "toponly low", r.stderr
+    assert (top / "testbed" / "shared.txt").read_text() == "top"
+    assert (base / "testbed" / "shared.txt").read_text() == "low"
+    assert (upper / "testbed" / "shared.txt").read_text() == "new\n"
+    assert (upper / "testbed" / "new.txt").read_text() == "x\n"
+    assert not any(p.name.startswith(".kept-upper.work") for p in tmp_path.iterdir())
+    # A kept upper layer carries the changes into the next sandbox.
+    async with Sandbox(layers=[base, top], upper=upper) as sb:
+        assert (await sb.execute("cat shared.txt new.txt")).stdout == "new\nx\n"
+
+
+async def test_ro_paths_are_visible_and_read_only(layer_dir: Path) -> None:
+    (layer_dir / "data.txt").write_text("host data")
+    async with Sandbox(ro_paths=[layer_dir]) as sb:
+        r = await sb.execute(f"cat {layer_dir}/data.txt; echo x > {layer_dir}/data.txt")
+    assert r.stdout == "host data" and r.exit_code != 0
+    assert (layer_dir / "data.txt").read_text() == "host data"
+
+
+async def test_host_python_runs_inside_via_ro_paths() -> None:
+    import sys
+
+    async with Sandbox(ro_paths=[Path(sys.base_prefix)]) as sb:
+        exe = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
+        r = await sb.execute([exe, "-c", "import sys; print(sys.version_info[:2])"])
+    assert r.exit_code == 0, r.stderr
+    assert r.stdout.strip() == str(sys.version_info[:2])
+
+
+async def test_symlink_on_a_mount_destination_is_refused(layer_dir: Path) -> None:
+    # A layer (say, built from an earlier agent's upper dir) that redirects /run or /etc.
+    (layer_dir / "run").symlink_to("/root")
+    with pytest.raises(SandboxConfigError, match="symlink"):
+        async with Sandbox(layers=[layer_dir]):
+            pass
+    (layer_dir / "run").unlink()
+    (layer_dir / "etc").mkdir()
+    (layer_dir / "etc" / "hosts").symlink_to("/etc/shadow")
+    with pytest.raises(SandboxConfigError, match="symlink"):
+        async with Sandbox(layers=[layer_dir]):
+            pass
+
+
+async def test_stop_is_idempotent_and_safe_before_start() -> None:
+    sb = Sandbox()
+    await sb.stop()
+    await sb.stop()
+    with pytest.raises(SandboxStartError):
+        await sb.start()
+    sb2 = Sandbox()
+    await sb2.start()
+    runtime_dir = sb2._dir
+    assert runtime_dir is not None and runtime_dir.exists()
+    await sb2.stop()
+    await sb2.stop()
+    assert not runtime_dir.exists()
+    with pytest.raises(SandboxNotRunningError):
+        await sb2.execute("true")
+
+
+async def test_sandbox_that_exits_reports_it(sandbox: Sandbox) -> None:
+    # Killing everything it may signal kills the control shell too: the sandbox ends.
+    with pytest.raises(SandboxNotRunningError):
+        await sandbox.execute("kill -9 -1; sleep 5", timeout=20)
+    with pytest.raises(SandboxNotRunningError):
+        await sandbox.execute("true")
+
+
+async def test_files_roundtrip(sandbox: Sandbox, tmp_path: Path) -> None:
+    blob = bytes(range(256)) * 1000
+    await sandbox.write_file("/root/sub/dir/blob.bin", blob)
+    assert await sandbox.read_file("/root/sub/dir/blob.bin") == blob
+    await sandbox.write_file("relative.txt", "in workdir", mode=0o600)
+    r = await sandbox.execute("stat -c %a /testbed/relative.txt; cat /testbed/relative.txt")
+    assert r.stdout == "600\nin workdir"
+    with pytest.raises(SandboxFileError, match="No such file"):
+        await sandbox.read_file("/nope")
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "link").symlink_to("pkg/mod.py")
+    await sandbox.upload(src, "/root/up")
+    r = await sandbox.execute("cat /root/up/pkg/mod.py /root/up/link; readlink /root/up/link")
+    assert r.stdout == "X = 1\nX = 1\npkg/mod.py\n"
+    await sandbox.upload(src / "pkg" / "mod.py", "/root/single.py")
+    assert await sandbox.read_file("/root/single.py") == b"X = 1\n"
+
+
+async def test_limits_tmp_size_and_processes() -> None:
+    async with Sandbox(limits=Limits(tmp_bytes=8 * 1024 * 1024, processes=32)) as sb:
+        full = await sb.execute("head -c 20000000 /dev/zero > /tmp/fill")
+        assert full.exit_code != 0 and "No space left" in full.stderr
+        forks = await sb.execute("for i in $(seq 60); do sleep 5 & done; wait", timeout=30)
+        assert forks.exit_code != 0 or "retry" in forks.stderr or "fork" in forks.stderr
+
+
+def test_sync_facade() -> None:
+    with SyncSandbox() as sb:
+        assert sb.execute("echo hi").stdout == "hi\n"
+        session = sb.create_session()
+        session.run("cd /tmp")
+        assert session.run("pwd").output == "/tmp\n"
+        sb.write_file("/root/f", b"data")
+        assert sb.read_file("/root/f") == b"data"
+
+
+def test_bad_configuration_is_named() -> None:
+    with pytest.raises(ValueError, match="not a directory"):
+        SandboxConfig(layers=["/does/not/exist"])
+    with pytest.raises(ValueError, match="absolute"):
+        SandboxConfig(workdir="relative")
+
+
+async def test_missing_bwrap_is_named(tmp_path: Path) -> None:
+    with pytest.raises(BwrapNotFoundError, match="not executable"):
+        async with Sandbox(bwrap=tmp_path / "bwrap"):
+            pass

@@ -1,0 +1,117 @@
+"""Persistent shell sessions with SWE-ReX-like semantics, on real sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from minisandbox import Sandbox
+from minisandbox.errors import CommandTimeoutError, SessionError
+
+
+async def test_state_persists_between_commands(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    await s.run("cd /tmp && export GREETING='hello world' && counter=41")
+    r = await s.run("pwd; echo $GREETING; echo $((counter + 1))")
+    assert (r.output, r.exit_code) == ("/tmp\nhello world\n42\n", 0)
+
+
+async def test_exit_codes_multiline_heredoc_and_no_trailing_newline(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    assert (await s.run("false")).exit_code == 1
+    assert (await s.run("(exit 7)")).exit_code == 7
+    r = await s.run("for i in 1 2 3; do\n  echo line $i\ndone\necho done")
+    assert r.output == "line 1\nline 2\nline 3\ndone\n"
+    r = await s.run("cat > /root/f.py <<'EOF'\nprint('a $HOME b')\nEOF\ncat /root/f.py")
+    assert r.output == "print('a $HOME b')\n"
+    r = await s.run("printf 'no newline'")
+    assert r.output == "no newline"
+    r = await s.run("echo stdout; echo stderr >&2")
+    assert r.output == "stdout\nstderr\n"
+
+
+async def test_long_commands_arrive_whole(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    payload = "x" * 20000  # longer than a terminal line (4 KiB)
+    r = await s.run(f"echo {payload} | wc -c")
+    assert r.output.strip() == str(len(payload) + 1)
+
+
+async def test_command_reading_stdin(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    r = await s.run('read -r name; echo "hi $name"', input="agent\n")
+    assert r.output == "hi agent\n"
+
+
+async def test_interactive_program_with_expected_prompts(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    r = await s.run("python3 -q", expect=[">>> "], timeout=30)
+    assert r.exit_code is None and r.match == ">>> "
+    r = await s.send("x = 6 * 7\n", expect=[">>> "])
+    r = await s.send("print(x)\n", expect=[">>> "])
+    assert "42" in r.output
+    r = await s.send("quit()\n")
+    assert r.exit_code == 0
+    assert (await s.run("echo back")).output == "back\n"
+
+
+async def test_timeout_then_interrupt_recovers(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    await s.run("export KEEP=me")
+    began = time.monotonic()
+    with pytest.raises(CommandTimeoutError) as info:
+        await s.run("echo before; sleep 100", timeout=0.5)
+    assert "before" in info.value.output
+    with pytest.raises(SessionError, match="interrupt"):
+        await s.run("echo busy")
+    r = await s.interrupt()
+    assert r.exit_code == 130
+    assert (await s.run("echo $KEEP")).output == "me\n"
+    # A command that ignores Ctrl-C is killed.
+    with pytest.raises(CommandTimeoutError):
+        await s.run("trap '' INT; sleep 100", timeout=0.5)
+    await s.interrupt(timeout=1)
+    assert (await s.run("echo $KEEP")).output == "me\n"
+    assert time.monotonic() - began < 20
+
+
+async def test_named_sessions_are_independent(sandbox: Sandbox) -> None:
+    a = await sandbox.create_session("a")
+    b = await sandbox.create_session("b")
+    await a.run("cd /tmp; X=1")
+    await b.run("cd /root; X=2")
+    ra, rb = await asyncio.gather(a.run("echo $PWD $X"), b.run("echo $PWD $X"))
+    assert (ra.output, rb.output) == ("/tmp 1\n", "/root 2\n")
+    assert sorted(sandbox.sessions) == ["a", "b"]
+    with pytest.raises(SessionError, match="already exists"):
+        await sandbox.create_session("a")
+    await sandbox.close_session("a")
+    with pytest.raises(SessionError, match="no session"):
+        sandbox.session("a")
+    assert (await sandbox.session("b").run("echo still")).output == "still\n"
+
+
+async def test_session_that_exits(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    with pytest.raises(SessionError, match="exited"):
+        await s.run("exit 3")
+    with pytest.raises(SessionError):
+        await s.run("true")
+
+
+async def test_output_cap_and_binary_output(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session(max_output=64 * 1024)
+    r = await s.run("head -c 3000000 /dev/zero | tr '\\0' y; echo; echo tail-marker")
+    assert r.truncated and len(r.output) < 100_000
+    assert r.output.endswith("tail-marker\n") and r.exit_code == 0
+    r = await s.run("printf 'a\\xffb'")
+    assert r.output == "a\\xffb"
+
+
+async def test_venv_activation_persists(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session()
+    r = await s.run("python3 -m venv /root/v && source /root/v/bin/activate && which python")
+    assert r.output.strip() == "/root/v/bin/python", r.output
+    assert (await s.run("echo $VIRTUAL_ENV")).output == "/root/v\n"
