@@ -1,0 +1,114 @@
+"""The `minisandbox` command line, run as a user would run it."""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CLI = [sys.executable, "-m", "minisandbox.cli"]
+
+
+def run_cli(
+    *args: str, stdin: bytes | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], input=stdin, capture_output=True, timeout=timeout, check=False
+    )
+
+
+def test_exec_streams_output_and_passes_exit_code() -> None:
+    r = run_cli("exec", "--", "bash", "-c", "echo out; echo err >&2; exit 7")
+    assert (r.stdout, r.stderr, r.returncode) == (b"out\n", b"err\n", 7)
+
+
+def test_exec_reads_stdin_and_honours_timeout() -> None:
+    assert run_cli("exec", "--", "tr", "a-z", "A-Z", stdin=b"abc\n").stdout == b"ABC\n"
+    began = time.monotonic()
+    r = run_cli("exec", "--timeout", "1", "--", "sleep", "30")
+    assert r.returncode == 124 and b"timed out" in r.stderr
+    assert time.monotonic() - began < 20
+
+
+def test_exec_with_layer_and_upper(tmp_path: Path) -> None:
+    layer = tmp_path / "layer"
+    (layer / "testbed").mkdir(parents=True)
+    (layer / "testbed" / "hello.txt").write_text("from the layer\n")
+    upper = tmp_path / "upper"
+    r = run_cli(
+        "exec",
+        "--layer",
+        str(layer),
+        "--upper",
+        str(upper),
+        "--",
+        "bash",
+        "-c",
+        "cat hello.txt && echo changed > /root/note",
+    )
+    assert r.stdout == b"from the layer\n", r.stderr
+    assert (upper / "root" / "note").read_text() == "changed\n"
+
+
+def test_bad_layer_is_named() -> None:
+    r = run_cli("exec", "--layer", "/does/not/exist", "--", "true")
+    assert r.returncode == 2 and b"not a directory" in r.stderr
+
+
+def test_help_explains_commands() -> None:
+    r = run_cli("--help")
+    assert r.returncode == 0
+    for word in (b"shell", b"exec", b"demo"):
+        assert word in r.stdout
+    assert b"--layer" in run_cli("exec", "--help").stdout
+
+
+def test_interactive_shell_on_a_terminal() -> None:
+    """Drive `minisandbox shell` through a real pty, as a person at a terminal would."""
+    pid, fd = pty.fork()
+    if pid == 0:  # child: becomes the CLI
+        os.execv(sys.executable, [*CLI, "shell"])
+    seen = b""
+
+    def read_until(token: bytes, timeout: float = 30) -> None:
+        nonlocal seen
+        deadline = time.monotonic() + timeout
+        while token not in seen:
+            assert time.monotonic() < deadline, f"no {token!r} in {seen[-500:]!r}"
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    break
+
+    try:
+        read_until(b"(sandbox)")
+        os.write(fd, b"echo sum=$((40 + 2)); hostname\n")
+        read_until(b"sum=42")
+        read_until(b"sandbox\r\n")
+        os.write(fd, b"sleep 100\n")
+        time.sleep(0.5)
+        os.write(fd, b"\x03")  # Ctrl-C reaches the sandbox's foreground job, not the CLI
+        os.write(fd, b"echo after-interrupt\n")
+        read_until(b"after-interrupt\r\n")
+        os.write(fd, b"exit\n")
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        os.close(fd)
+        try:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+
+
+def test_demo_runs() -> None:
+    r = run_cli("demo", "--sandboxes", "2")
+    assert r.returncode == 0, r.stderr
+    assert b"blocked" in r.stdout and b"/tmp 1" in r.stdout
