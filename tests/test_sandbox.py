@@ -216,3 +216,61 @@ async def test_missing_bwrap_is_named(tmp_path: Path) -> None:
     with pytest.raises(BwrapNotFoundError, match="not executable"):
         async with Sandbox(bwrap=tmp_path / "bwrap"):
             pass
+
+
+def test_user_namespaces_switched_off_is_named() -> None:
+    """In a user namespace of our own whose user.max_user_namespaces is 0, starting a sandbox
+    must fail at once and name the setting, not hang or print a bare bwrap error."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is not installed")
+    code = (
+        "import asyncio\n"
+        "from minisandbox import Sandbox\n"
+        "from minisandbox.errors import UserNamespacesUnavailableError\n"
+        "try:\n"
+        "    asyncio.run(Sandbox().start())\n"
+        "except UserNamespacesUnavailableError as e:\n"
+        "    print('NAMED:', e)\n"
+    )
+    r = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "sh",
+            "-c",
+            'echo 0 > /proc/sys/user/max_user_namespaces && exec "$@"',
+            "sh",
+            sys.executable,
+            "-c",
+            code,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if r.returncode != 0 and "unshare" in r.stderr and "NAMED" not in r.stdout:
+        pytest.skip(f"cannot make a user namespace here: {r.stderr.strip()}")
+    assert "NAMED:" in r.stdout, r.stdout + r.stderr
+    assert "max_user_namespaces" in r.stdout
+
+
+async def test_cgroup_limits_where_delegated() -> None:
+    from minisandbox.cgroups import delegated_parent
+
+    if delegated_parent() is None:
+        pytest.skip("no delegated cgroup v2 with memory and pids controllers here (rlimits only)")
+    limits = Limits(processes=40, total_memory_bytes=256 * 1024 * 1024)
+    async with Sandbox(limits=limits) as sb:
+        assert sb._cgroup is not None
+        assert (sb._cgroup.path / "pids.max").read_text().strip() == "40"
+        assert str(sb.pid) in (sb._cgroup.path / "cgroup.procs").read_text().split()
+        hog = await sb.execute(["python3", "-c", "b = bytearray(600 * 1024 * 1024); print('no')"])
+        assert hog.exit_code != 0 and "no" not in hog.stdout
+        path = sb._cgroup.path
+    assert not path.exists()

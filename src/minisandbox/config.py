@@ -26,6 +26,9 @@ class Limits(BaseModel):
     open_files: int = Field(4096, description="open file descriptors per process")
     file_size_bytes: int | None = Field(8 * GiB, description="largest file a process may write")
     cpu_seconds: int | None = Field(None, description="CPU time per process")
+    total_memory_bytes: int | None = Field(
+        8 * GiB, description="memory of the whole sandbox, where a cgroup v2 is delegated"
+    )
     tmp_bytes: int = Field(1 * GiB, description="size of the private /tmp (tmpfs)")
     shm_bytes: int = Field(256 * MiB, description="size of /dev/shm (tmpfs)")
     upper_bytes: int | None = Field(8 * GiB, description="bytes written to the upper layer")

@@ -36,6 +36,7 @@ from pydantic import BaseModel
 
 from . import runtime
 from .bwrap import check_userns, explain_bwrap_failure, find_bwrap
+from .cgroups import SandboxCgroup, delegated_parent
 from .config import SandboxConfig
 from .errors import (
     CommandTimeoutError,
@@ -117,7 +118,7 @@ class Sandbox:
         self._sessions: dict[str, object] = {}
         self._dead: BaseException | None = None
         self._stopped = False
-        self._lock = asyncio.Lock()
+        self._cgroup: SandboxCgroup | None = None
         self.as_root = os.geteuid() == 0
         self.sandbox_uid = self.config.root_mapped_uid if self.as_root else os.geteuid()
         self.sandbox_gid = self.config.root_mapped_uid if self.as_root else os.getegid()
@@ -398,6 +399,11 @@ class Sandbox:
             if hard != resource.RLIM_INFINITY and not self.as_root:
                 value = min(value, hard)
             resource.prlimit(pid, res, (value, value))
+        parent = delegated_parent()
+        if parent is not None:  # whole-sandbox limits on top, where the caller may use cgroups
+            self._cgroup = SandboxCgroup(parent, f"sandbox-{self.id}")
+            self._cgroup.create(lim.total_memory_bytes, lim.processes)
+            self._cgroup.add(pid)
 
     async def _drain_stderr(self) -> None:
         assert self._proc is not None and self._proc.stderr is not None
@@ -485,6 +491,8 @@ class Sandbox:
                 t.cancel()
                 with contextlib.suppress(BaseException):
                     await t
+        if self._cgroup is not None:
+            self._cgroup.remove()
         if self._io_fd is not None:
             os.close(self._io_fd)
             self._io_fd = None
