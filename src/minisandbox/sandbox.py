@@ -31,6 +31,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -56,6 +57,7 @@ from .rootfs import (
     check_destinations,
 )
 from .seccomp import build_filter
+from .session import ShellSession
 
 # The control shell: runs each line the supervisor sends; replies on fd 9 only.
 _CONTROL_SCRIPT = 'exec 9>&1 1>/dev/null; echo R >&9; while IFS= read -r l; do eval "$l"; done'
@@ -115,7 +117,7 @@ class Sandbox:
         self._started: dict[str, asyncio.Future[int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._stderr = CappedOutput(64 * 1024)
-        self._sessions: dict[str, object] = {}
+        self._sessions: dict[str, ShellSession] = {}
         self._dead: BaseException | None = None
         self._stopped = False
         self._cgroup: SandboxCgroup | None = None
@@ -479,7 +481,7 @@ class Sandbox:
             return
         self._stopped = True
         for session in list(self._sessions.values()):
-            session._close()  # type: ignore[attr-defined]
+            session._close()
         self._sessions.clear()
         await self._kill()
         if self._proc is not None:
@@ -768,14 +770,12 @@ class Sandbox:
 
     # ---------------------------------------------------------------- sessions
 
-    async def create_session(self, name: str = "default", **kwargs: object):  # type: ignore[no-untyped-def]
+    async def create_session(self, name: str = "default", **kwargs: Any) -> ShellSession:
         """Start a persistent interactive bash (its own pty) and return its ShellSession."""
-        from .session import ShellSession
-
         if name in self._sessions:
             raise SessionError(f"session {name!r} already exists in sandbox {self.id}")
         self._require_running()
-        session = ShellSession(self, name, **kwargs)  # type: ignore[arg-type]
+        session = ShellSession(self, name, **kwargs)
         self._sessions[name] = session
         try:
             await session._start()
@@ -785,7 +785,7 @@ class Sandbox:
             raise
         return session
 
-    def session(self, name: str = "default"):  # type: ignore[no-untyped-def]
+    def session(self, name: str = "default") -> ShellSession:
         try:
             return self._sessions[name]
         except KeyError:
@@ -799,7 +799,7 @@ class Sandbox:
         session = self._sessions.pop(name, None)
         if session is None:
             raise SessionError(f"no session {name!r} in sandbox {self.id}")
-        session._close()  # type: ignore[attr-defined]
+        session._close()
 
 
 _system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}

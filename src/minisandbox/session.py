@@ -22,6 +22,7 @@ import signal
 import stat
 import struct
 import termios
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -138,9 +139,7 @@ class ShellSession:
         while view:
             try:
                 n = os.write(self._master, view)
-            except BlockingIOError:
-                import time
-
+            except BlockingIOError:  # the terminal's input queue is full: let the program read
                 time.sleep(0.001)
                 continue
             view = view[n:]
