@@ -156,9 +156,9 @@ def build_plan(
     return plan
 
 
-def check_destinations(plan: MountPlan, trees: list[Path]) -> None:
+def check_destinations(destinations: list[str], trees: list[Path]) -> None:
     """Refuse any mount destination with a symlink on its path in the upper or a lower layer."""
-    for dest in plan.destinations:
+    for dest in destinations:
         parts = Path(dest).parts[1:]
         for i in range(1, len(parts) + 1):
             rel = os.path.join(*parts[:i])

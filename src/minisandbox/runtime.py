@@ -8,6 +8,7 @@ that directory. A sandbox's temporary upper layer therefore never outlives its c
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 import tempfile
@@ -15,6 +16,7 @@ import threading
 from pathlib import Path
 
 from . import _cleanup
+from .errors import MiniSandboxError
 
 _lock = threading.Lock()
 _process_dir: Path | None = None
@@ -29,25 +31,46 @@ def runtime_root(explicit: Path | None = None) -> Path:
     return Path(tempfile.gettempdir()) / f"minisandbox-{os.geteuid()}"
 
 
+def _private_root(root: Path) -> None:
+    """Create `root` (mode 700), or accept it only if it is ours: a real directory we own that
+    nobody else can write. A predictable name under /tmp could have been planted by another
+    user, as a symlink (we would chmod its target) or a directory (they could swap entries)."""
+    try:
+        root.mkdir(mode=0o700, parents=True)
+    except FileExistsError:
+        pass
+    st = os.lstat(root)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise MiniSandboxError(
+            f"runtime directory {root} is not a directory owned by uid {os.geteuid()} and "
+            "writable only by it; remove it, or set MINISANDBOX_RUNTIME to a private directory"
+        )
+
+
 def process_dir(explicit_root: Path | None = None) -> Path:
-    """This process's runtime directory; created, with its janitor, on first use."""
+    """This process's runtime directory; created, with its janitor, on first use.
+
+    Everything below it is private (mode 700): a sandbox's upper layer may hold any file the
+    sandbox made, setuid ones included, and no other host user may reach them."""
     global _process_dir, _janitor, _owner_pid
     with _lock:
         if _process_dir is not None and _owner_pid == os.getpid():
             return _process_dir
         root = runtime_root(explicit_root)
-        root.mkdir(parents=True, exist_ok=True)
-        os.chmod(root, 0o711)  # others may traverse (a root caller's sandbox uid), never list
-        path = Path(tempfile.mkdtemp(prefix=f"p{os.getpid()}-", dir=root))
-        os.chmod(path, 0o711)
-        _janitor = subprocess.Popen(
-            [sys.executable, "-I", "-S", _cleanup.__file__, str(path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,  # survives a Ctrl-C or SIGKILL aimed at our process group
-            close_fds=True,
-        )
+        _private_root(root)
+        path = Path(tempfile.mkdtemp(prefix=f"p{os.getpid()}-", dir=root))  # mode 700
+        try:
+            _janitor = subprocess.Popen(
+                [sys.executable, "-I", "-S", _cleanup.__file__, str(path)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # survives a Ctrl-C or SIGKILL aimed at our process group
+                close_fds=True,
+            )
+        except OSError:
+            os.rmdir(path)
+            raise
         _process_dir, _owner_pid = path, os.getpid()
         return path
 

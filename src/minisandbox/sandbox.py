@@ -41,6 +41,7 @@ from .cgroups import SandboxCgroup, delegated_parent
 from .config import SandboxConfig
 from .errors import (
     CommandTimeoutError,
+    SandboxConfigError,
     SandboxFileError,
     SandboxLimitError,
     SandboxNotRunningError,
@@ -112,7 +113,6 @@ class Sandbox:
         self._upper: Path | None = None
         self._work: Path | None = None
         self._io_fd: int | None = None
-        self._rid = 0
         self._waiters: dict[str, asyncio.Future[int]] = {}
         self._started: dict[str, asyncio.Future[int]] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -161,7 +161,7 @@ class Sandbox:
     def _prepare_dirs(self) -> Path:
         cfg = self.config
         self._dir = runtime.process_dir(cfg.runtime_dir) / self.id
-        self._dir.mkdir(mode=0o711)
+        self._dir.mkdir(mode=0o700)
         io = self._dir / "io"
         io.mkdir(mode=0o700)
         if cfg.upper is not None:
@@ -197,24 +197,45 @@ class Sandbox:
 
     def _make_upper_dir(self, rel: Path, layers: list[Path]) -> None:
         """mkdir -p in the upper layer. A parent that a lower layer provides is created with
-        that layer's mode and owner: in an overlay the upper copy's attributes win."""
+        that layer's mode and owner: in an overlay the upper copy's attributes win.
+
+        A kept upper layer holds whatever an earlier sandbox wrote there, symlinks included: walk
+        it by directory descriptors and never follow a link, or a planted `/testbed -> /etc`
+        would make us create (and chown) directories on the host."""
         assert self._upper is not None
-        for i in range(1, len(rel.parts) + 1):
-            sub = Path(*rel.parts[:i])
-            target = self._upper / sub
-            if os.path.lexists(target):
-                continue
-            lower = next((t / sub for t in reversed(layers) if os.path.lexists(t / sub)), None)
-            if lower is not None:
-                st = os.stat(lower)
-                mode, owner = stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid)
-            else:
-                mode = 0o700 if str(sub) == "root" else 0o755
-                owner = (self.sandbox_uid, self.sandbox_gid)
-            target.mkdir()
-            os.chmod(target, mode)  # whatever our umask is
-            if self.as_root:
-                os.chown(target, *owner)
+        fd = os.open(self._upper, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            for i, name in enumerate(rel.parts, start=1):
+                sub = Path(*rel.parts[:i])
+                try:
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                    created = True
+                except FileExistsError:
+                    created = False
+                try:
+                    child = os.open(
+                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+                    )
+                except OSError as e:
+                    raise SandboxConfigError(
+                        f"refusing to start: {self._upper / sub} in the upper layer is not a "
+                        f"directory (a symlink?): {e.strerror}"
+                    ) from None
+                os.close(fd)
+                fd = child
+                if created:
+                    lower = next((t / sub for t in reversed(layers) if _is_dir(t / sub)), None)
+                    if lower is not None:
+                        st = os.stat(lower, follow_symlinks=False)
+                        mode, owner = stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid)
+                    else:
+                        mode = 0o700 if str(sub) == "root" else 0o755
+                        owner = (self.sandbox_uid, self.sandbox_gid)
+                    os.fchmod(fd, mode)  # whatever our umask is
+                    if self.as_root:
+                        os.fchown(fd, *owner)
+        finally:
+            os.close(fd)
 
     def _chown(self, path: Path) -> None:
         if self.as_root:
@@ -251,7 +272,8 @@ class Sandbox:
         owner = (self.sandbox_uid, self.sandbox_gid) if self.as_root else None
         system = _system_layer(self._dir.parent, owner)  # type: ignore[union-attr]
         plan = build_plan(cfg, system, self._upper, self._work, io)
-        check_destinations(plan, [self._upper, *cfg.layers])
+        # The workdir and /root are created in the upper layer: no symlinks on their paths either.
+        check_destinations([*plan.destinations, "/root", cfg.workdir], [self._upper, *cfg.layers])
         self._precreate(plan.destinations, [system, *cfg.layers])
 
         fds: list[int] = []
@@ -518,8 +540,8 @@ class Sandbox:
     # ---------------------------------------------------------------- channel files
 
     def _next_id(self) -> str:
-        self._rid += 1
-        return str(self._rid)
+        # Random, not sequential: a process left in the sandbox should not guess the next reply.
+        return secrets.token_hex(6)
 
     def _mkfifo(self, name: str) -> int:
         """Create a FIFO in the channel dir and open its read end (non-blocking)."""
@@ -565,8 +587,10 @@ class Sandbox:
     def _send_control(self, line: str) -> None:
         self._require_running()
         assert self._proc is not None and self._proc.stdin is not None
-        if "\n" in line:
-            raise ValueError("control lines are single lines")
+        if "\n" in line:  # the control shell reads lines: hand it a multi-line one as a file
+            name = f"ctl-{self._next_id()}"
+            self._write_channel_file(name, line.encode())
+            line = f". {IO_DIR}/{name}; rm -f {IO_DIR}/{name}"
         self._proc.stdin.write(line.encode() + b"\n")
 
     # ---------------------------------------------------------------- commands
@@ -654,7 +678,7 @@ class Sandbox:
             self._send_control(
                 "{ { cd -- "
                 + _q(cwd or self.config.workdir)
-                + f" || exit 126; exec env {RESET_SIGNALS} {env_words} setsid "
+                + f" || exit 126; exec 9>&-; exec env {RESET_SIGNALS} {env_words} setsid "
                 + " ".join(_q(a) for a in argv)
                 + "; } <"
                 + _q(stdin_path)
@@ -800,6 +824,14 @@ class Sandbox:
         if session is None:
             raise SessionError(f"no session {name!r} in sandbox {self.id}")
         session._close()
+
+
+def _is_dir(path: Path) -> bool:
+    """A real directory (not a symlink to one)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 _system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}

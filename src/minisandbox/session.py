@@ -368,7 +368,7 @@ async def open_terminal(
         sandbox._send_control(
             f"{{ exec setsid -c env {RESET_SIGNALS} {env_words} "
             f"{' '.join(map(shlex.quote, argv))}; }} "
-            f'<>/dev/pts/{term.number} >&0 2>&0 & echo "P {rid} $!" >&9'
+            f'<>/dev/pts/{term.number} >&0 2>&0 9>&- & echo "P {rid} $!" >&9'
         )
         await asyncio.wait_for(started, 30)
     except BaseException:
