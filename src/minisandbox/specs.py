@@ -1,0 +1,230 @@
+"""What a task is made of: the environment recipe (shared between tasks) and the task itself.
+
+The builder turns a task into two layers: an environment layer (a venv with the recipe's pinned
+requirements, keyed by `EnvRecipe.key`, so tasks with the same recipe share it) and a task layer
+(the repository at `base_commit` in /testbed, plus what `pre_install` and `install` change).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Bump when the meaning of a recipe field changes, so that old environment layers stop matching.
+_KEY_FORMAT = 1
+
+_PYTHON_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+# GitHub: owners are letters, digits and single hyphens; names may also hold "." and "_".
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
+_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+# Ids name directories and layers: no slashes, no leading dot.
+_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DIFF_GIT = re.compile(r"^diff --git a/\S+ b/(\S+)$")
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def _one_line(value: str) -> str:
+    """Collapse runs of whitespace so that cosmetic differences do not split layers."""
+    return " ".join(value.split())
+
+
+def minor_version(version: str) -> str:
+    """'3.9.18' -> '3.9'."""
+    return ".".join(version.split(".")[:2])
+
+
+def files_in_patch(patch: str) -> list[str]:
+    """Paths a unified diff touches (the new path; the old one for a deleted file), in order.
+
+    Hunks are skipped by their line counts, so a removed line that itself starts with "-- "
+    is never taken for a file header.
+    """
+    files: list[str] = []
+
+    def add(path: str | None) -> None:
+        if path and path != "/dev/null" and path not in files:
+            files.append(path)
+
+    old: str | None = None
+    git_path: str | None = None  # from "diff --git", for diffs without ---/+++ (renames, binary)
+    left = right = 0  # lines still expected in the current hunk
+    for line in patch.splitlines():
+        if left > 0 or right > 0:
+            tag = line[:1]
+            if tag in (" ", ""):
+                left, right = left - 1, right - 1
+            elif tag == "-":
+                left -= 1
+            elif tag == "+":
+                right -= 1
+            continue
+        if line.startswith("diff --git "):
+            add(git_path)
+            m = _DIFF_GIT.match(line)
+            git_path = m.group(1) if m else None
+        elif m := _HUNK.match(line):
+            left = int(m.group(1)) if m.group(1) is not None else 1
+            right = int(m.group(2)) if m.group(2) is not None else 1
+        elif line.startswith("--- "):
+            old = _strip_prefix(line[4:], "a/")
+        elif line.startswith("+++ "):
+            new = _strip_prefix(line[4:], "b/")
+            add(old if new == "/dev/null" else new)
+            git_path = old = None
+    add(git_path)
+    return files
+
+
+def _strip_prefix(path: str, prefix: str) -> str:
+    path = path.split("\t")[0].strip()
+    return path[len(prefix) :] if path.startswith(prefix) else path
+
+
+class EnvRecipe(BaseModel):
+    """How to build a task's Python environment: a venv of `python` with `requirements`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str = Field(description='requested Python version: "3.9" or "3.9.18"')
+    requirements: list[str] = Field(
+        default_factory=list, description='pinned pip requirement lines, e.g. "numpy==1.26.4"'
+    )
+    pip_options: list[str] = Field(
+        default_factory=list, description='extra pip options, e.g. "--no-build-isolation"'
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="variables set during the build and in sandboxes"
+    )
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="what a conversion dropped, for the record; not part of the key",
+    )
+
+    @field_validator("python")
+    @classmethod
+    def _check_python(cls, value: str) -> str:
+        value = value.strip()
+        if not _PYTHON_VERSION.match(value):
+            raise ValueError(f'{value!r} is not a Python version like "3.9" or "3.9.18"')
+        return value
+
+    @field_validator("requirements", "pip_options")
+    @classmethod
+    def _check_lines(cls, lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            if "\n" in line.strip() or not line.strip():
+                raise ValueError(f"{line!r}: one non-empty requirement or option per entry")
+            out.append(_one_line(line))
+        return out
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return env
+
+    def key(self, interpreter_version: str) -> str:
+        """sha256 hex of everything that determines the environment layer.
+
+        `interpreter_version` is the version of the interpreter actually used ("3.9.18"), so a
+        layer is never reused across patch releases. Requirement order is kept: pip's resolution
+        can depend on it. `skipped` is documentation only and stays out.
+        """
+        if minor_version(interpreter_version) != minor_version(self.python):
+            raise ValueError(
+                f"interpreter {interpreter_version} does not provide the requested "
+                f"Python {self.python}"
+            )
+        canonical = {
+            "format": _KEY_FORMAT,
+            "python": interpreter_version.strip(),
+            "requirements": [_one_line(r) for r in self.requirements],
+            "pip_options": [_one_line(o) for o in self.pip_options],
+            "env": dict(sorted(self.env.items())),
+        }
+        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+class Task(BaseModel):
+    """One task: a repository at a commit, its environment, how to install and test it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    repo: str = Field(description='"owner/name" on GitHub')
+    base_commit: str = Field(description="commit the task starts from (7-40 hex digits)")
+    env: EnvRecipe
+    pre_install: list[str] = Field(
+        default_factory=list, description="shell commands run in /testbed before `install`"
+    )
+    install: list[str] = Field(
+        default_factory=list, description='shell commands run in /testbed, e.g. "pip install -e ."'
+    )
+    test_cmd: str = Field(description="shell command that runs the tests, in /testbed")
+    test_files: list[str] = Field(
+        default_factory=list, description="files the test patch touches (derived when empty)"
+    )
+    log_parser: str = Field("pytest", description='swebench log parser name, e.g. "pytest"')
+    gold_patch: str = ""
+    test_patch: str = ""
+    bug_patch: str = Field(
+        "", description="SWE-smith style: applied on top of base_commit to make the task"
+    )
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    eval_script: str | None = None
+    problem_statement: str = ""
+    hints_text: str = ""
+    version: str | None = None
+    image: str | None = Field(None, description="official Docker image of the task, if any")
+    environment_setup_commit: str | None = None
+    source: str = Field("", description="where the task was loaded from")
+
+    @field_validator("id")
+    @classmethod
+    def _check_id(cls, value: str) -> str:
+        if not _TASK_ID.match(value):
+            raise ValueError(f"{value!r}: use letters, digits and . _ + - (no slashes)")
+        return value
+
+    @field_validator("repo")
+    @classmethod
+    def _check_repo(cls, value: str) -> str:
+        if not _REPO.match(value):
+            raise ValueError(f'{value!r} is not a GitHub repository like "owner/name"')
+        return value
+
+    @field_validator("base_commit", "environment_setup_commit")
+    @classmethod
+    def _check_commit(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().lower()
+        if not _COMMIT.match(value):
+            raise ValueError(f"{value!r} is not a commit hash (7 to 40 hex digits)")
+        return value
+
+    @field_validator("test_cmd")
+    @classmethod
+    def _check_test_cmd(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("test_cmd is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _derive_test_files(self) -> Task:
+        if not self.test_files and self.test_patch:
+            self.test_files = files_in_patch(self.test_patch)
+        return self
+
+    def environment_key(self, interpreter_version: str) -> str:
+        """Key of this task's environment layer, built with a `interpreter_version` Python."""
+        return self.env.key(interpreter_version)
