@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -63,6 +64,51 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+TasksArg = typer.Argument(
+    ..., help="A dataset: `examples` (bundled), a SWE-bench parquet/JSON/JSONL file, a task file."
+)
+StoreOpt = typer.Option(
+    None, "--store", envvar="MINISANDBOX_STORE", help="Layer store directory (shared or local)."
+)
+CacheOpt = typer.Option(
+    None, "--cache", envvar="MINISANDBOX_CACHE", help="Node cache of unpacked layers."
+)
+MirrorOpt = typer.Option(
+    None,
+    "--git-mirror",
+    envvar="MINISANDBOX_GIT_MIRROR",
+    help="Directory of git clones named <owner>__<name> (default: clone from GitHub).",
+)
+EnvsOpt = typer.Option(
+    None, "--envs-dir", help="Per-instance conda environment exports (<instance_id>.yml)."
+)
+IdsOpt = typer.Option(None, "--instance-ids", "-i", help="Only these tasks (repeatable).")
+
+
+def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | None):  # type: ignore[no-untyped-def]
+    from .builder import Builder, BuildSettings, default_home
+
+    settings = BuildSettings()
+    updates: dict[str, object] = {}
+    if store is not None:
+        updates["store"] = store
+    if cache is not None:
+        updates["cache"] = cache
+    if mirror is not None:
+        updates["git_mirror"] = mirror
+    elif tasks == "examples":
+        from .examples import materialize_mirror
+
+        updates["git_mirror"] = materialize_mirror(default_home() / "examples-mirror")
+    return Builder(settings.model_copy(update=updates))
+
+
+def _load(tasks: str, envs_dir: Path | None, ids: list[str] | None):  # type: ignore[no-untyped-def]
+    from .loaders import load_tasks
+
+    return load_tasks(tasks, envs_dir=envs_dir, instance_ids=ids or None)
+
+
 @app.command()
 def shell(
     layer: list[Path] = LayerOpt,
@@ -70,29 +116,39 @@ def shell(
     network: bool = NetworkOpt,
     ro: list[Path] = RoOpt,
     workdir: str = WorkdirOpt,
+    task: str = typer.Option(None, "--task", help="Open the environment of this task instead."),
+    tasks: str = typer.Option("examples", "--tasks", help="The dataset --task comes from."),
+    envs_dir: Path = EnvsOpt,
+    store: Path = StoreOpt,
+    cache: Path = CacheOpt,
+    mirror: Path = MirrorOpt,
 ) -> None:
     """Open an interactive bash in a fresh sandbox. Everything is gone when you exit, unless you
-    pass --upper DIR."""
+    pass --upper DIR. With --task ID: in that task's environment (built first if needed)."""
     from .errors import MiniSandboxError
+    from .sandbox import Sandbox
 
-    config = _config(layer, upper, network, ro, workdir)
     try:
-        code = asyncio.run(_interactive_shell(config))
+        if task:
+            (spec,) = _load(tasks, envs_dir, [task])
+            opened = _builder(tasks, store, cache, mirror).sandbox(spec)
+        else:
+            opened = Sandbox(_config(layer, upper, network, ro, workdir))
+        code = asyncio.run(_interactive_shell(opened))
     except MiniSandboxError as e:
         _fail(str(e))
     raise typer.Exit(code)
 
 
-async def _interactive_shell(config) -> int:  # type: ignore[no-untyped-def]
+async def _interactive_shell(opened) -> int:  # type: ignore[no-untyped-def]
     import termios
     import tty
 
-    from .sandbox import Sandbox
     from .session import open_terminal
 
     cols, rows = shutil.get_terminal_size()
     env = {"TERM": os.environ.get("TERM", "xterm"), "PS1": r"(sandbox) \w\$ "}
-    async with Sandbox(config) as sb:
+    async with opened as sb:
         term = await open_terminal(
             sb, ["/bin/bash", "--noprofile", "--norc", "-i"], env=env, rows=rows, columns=cols
         )
@@ -192,14 +248,63 @@ async def _exec(config, command: list[str], timeout: float | None, stdin: bytes 
 @app.command()
 def demo(
     sandboxes: int = typer.Option(4, "--sandboxes", "-n", help="How many sandboxes to start."),
+    tasks: bool = typer.Option(True, "--tasks/--no-tasks", help="Build and run the examples."),
+    store: Path = StoreOpt,
+    cache: Path = CacheOpt,
 ) -> None:
-    """Start a few sandboxes side by side and show what each one can and cannot do."""
+    """Build the bundled example tasks, run their tests in sandboxes (failing, then passing with
+    the gold patch), and show side by side what sandboxes can and cannot do."""
     from .errors import MiniSandboxError
 
     try:
+        if tasks:
+            asyncio.run(_demo_tasks(_builder("examples", store, cache, None)))
         asyncio.run(_demo(sandboxes))
     except MiniSandboxError as e:
         _fail(str(e))
+
+
+async def _demo_tasks(builder) -> None:  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.table import Table
+
+    from .loaders import load_tasks
+
+    console = Console()
+    tasks = load_tasks("examples")
+    with console.status("building the example tasks (once; later runs reuse the layers)"):
+        results = await asyncio.gather(*(builder.build(t) for t in tasks))
+    for r in results:
+        if r.status == "failed":
+            raise typer.BadParameter(f"building {r.task_id} failed: {r.error}")
+    table = Table(title="example tasks, each in a fresh sandbox")
+    for col in ("task", "build", "start ms", "tests before", "with gold patch"):
+        table.add_column(col)
+
+    async def run(task, result) -> list[str]:  # type: ignore[no-untyped-def]
+        async with builder.sandbox(task):  # first start unpacks the layers on this node
+            pass
+        began = time.perf_counter()
+        async with builder.sandbox(task) as sb:
+            start_ms = (time.perf_counter() - began) * 1000
+            await sb.write_file("/tmp/test.patch", task.test_patch)
+            await sb.write_file("/tmp/gold.patch", task.gold_patch)
+            await sb.execute("git apply /tmp/test.patch")
+            before = await sb.execute(task.test_cmd)
+            await sb.execute("git apply /tmp/gold.patch")
+            after = await sb.execute(task.test_cmd)
+        verdict = {0: "[green]pass[/green]"}
+        return [
+            task.id,
+            f"{result.status} ({result.seconds:.1f} s)",
+            f"{start_ms:.0f}",
+            verdict.get(before.exit_code, "[red]fail[/red]"),
+            verdict.get(after.exit_code, "[red]fail[/red]"),
+        ]
+
+    for row in await asyncio.gather(*(run(t, r) for t, r in zip(tasks, results, strict=True))):
+        table.add_row(*row)
+    console.print(table)
 
 
 async def _demo(n: int) -> None:
@@ -246,6 +351,127 @@ async def _demo(n: int) -> None:
         "root, a seccomp filter; nothing of your home is visible and nothing it writes "
         "reaches the host."
     )
+
+
+@app.command(name="tasks")
+def tasks_(
+    tasks: str = TasksArg,
+    envs_dir: Path = EnvsOpt,
+    ids: list[str] = IdsOpt,
+    json_out: bool = typer.Option(False, "--json", help="One JSON object per task."),
+) -> None:
+    """List a dataset's tasks."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .errors import MiniSandboxError
+
+    try:
+        loaded = _load(tasks, envs_dir, ids)
+    except MiniSandboxError as e:
+        _fail(str(e))
+    if json_out:
+        for t in loaded:
+            typer.echo(
+                json.dumps(
+                    {
+                        "id": t.id,
+                        "repo": t.repo,
+                        "base_commit": t.base_commit,
+                        "python": t.env.python,
+                        "fail_to_pass": len(t.fail_to_pass),
+                    }
+                )
+            )
+        return
+    table = Table(title=f"{len(loaded)} tasks in {tasks}")
+    for col in ("id", "repo", "base commit", "python", "requirements", "FAIL_TO_PASS"):
+        table.add_column(col)
+    for t in loaded:
+        table.add_row(
+            t.id,
+            t.repo,
+            t.base_commit[:10],
+            t.env.python,
+            str(len(t.env.requirements)),
+            str(len(t.fail_to_pass)),
+        )
+    Console().print(table)
+
+
+@app.command()
+def build(
+    tasks: str = TasksArg,
+    ids: list[str] = IdsOpt,
+    jobs: int = typer.Option(2, "--jobs", "-j", help="Tasks built at once."),
+    store: Path = StoreOpt,
+    cache: Path = CacheOpt,
+    mirror: Path = MirrorOpt,
+    envs_dir: Path = EnvsOpt,
+    force: bool = typer.Option(False, "--force", help="Rebuild layers already in the store."),
+    json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+) -> None:
+    """Build the environment and task layers of a dataset's tasks into the layer store.
+
+    Each environment (a uv venv with pinned requirements) is built once and shared by the tasks
+    with the same recipe; each task adds its repository at the base commit, installed."""
+    from .errors import MiniSandboxError
+
+    try:
+        loaded = _load(tasks, envs_dir, ids)
+        builder = _builder(tasks, store, cache, mirror)
+        results = asyncio.run(_build_all(builder, loaded, jobs, force, quiet=json_out))
+    except MiniSandboxError as e:
+        _fail(str(e))
+    failed = [r for r in results if r.status == "failed"]
+    if json_out:
+        typer.echo(
+            json.dumps(
+                {
+                    "total": len(results),
+                    "built": [r.task_id for r in results if r.status == "built"],
+                    "cached": [r.task_id for r in results if r.status == "cached"],
+                    "failed": {r.task_id: r.error for r in failed},
+                }
+            )
+        )
+    raise typer.Exit(1 if failed else 0)
+
+
+async def _build_all(builder, tasks, jobs: int, force: bool, quiet: bool):  # type: ignore[no-untyped-def]
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
+    console = Console(stderr=quiet)
+    limit = asyncio.Semaphore(max(1, jobs))
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=quiet,
+    ) as progress:
+        overall = progress.add_task("building", total=len(tasks))
+
+        async def one(task):  # type: ignore[no-untyped-def]
+            async with limit:
+                result = await builder.build(task, force=force)
+            progress.advance(overall)
+            return result
+
+        results = await asyncio.gather(*(one(t) for t in tasks))
+    if not quiet:
+        table = Table(title="build summary")
+        for col in ("task", "status", "seconds", "detail"):
+            table.add_column(col)
+        for r in results:
+            colour = {"built": "green", "cached": "cyan", "failed": "red"}[r.status]
+            detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]
+            table.add_row(r.task_id, f"[{colour}]{r.status}[/{colour}]", f"{r.seconds:.1f}", detail)
+        console.print(table)
+    return results
 
 
 def main() -> None:

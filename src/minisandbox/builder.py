@@ -1,0 +1,426 @@
+"""Building a task's layers, each step inside a build sandbox (network on), and starting it.
+
+Two layers per task, both published to the layer store:
+- the environment layer (`/opt/venv`): a uv venv (pip seeded, so agents can still
+  `pip install`) with the recipe's pinned requirements. It is named by a content key of the recipe
+  and the interpreter (`env/<key>`), so tasks with the same recipe share it.
+- the task layer: the repository at its base commit in `/testbed` plus what the install commands
+  changed, i.e. the build sandbox's upper directory over the environment layer (`task/<key>`).
+
+Every step's output goes to a log under `logs/`; a failure names its step and keeps the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from .config import GiB, Limits, SandboxConfig
+from .errors import MiniSandboxError
+from .nodecache import NodeCache
+from .sandbox import Sandbox
+from .specs import Task
+from .store import LayerStore
+from .toolchains import Interpreter, find_interpreter
+
+VENV = "/opt/venv"
+_FORMAT = 1
+# Upper-layer paths that are build noise, not part of a layer.
+_NOISE = ("run", "tmp", "root/.cache", "root/.config/uv", "root/.local/share/uv", "etc/hostname")
+
+
+class BuildError(MiniSandboxError):
+    """A build step failed. `step` names it; `log` is the kept log file."""
+
+    def __init__(self, task_or_env: str, step: str, log: Path, tail: str) -> None:
+        super().__init__(f"{task_or_env}: step '{step}' failed (log: {log}){tail}")
+        self.step, self.log = step, log
+
+
+# Host settings a build needs to reach the package index as the host does (proxies, private
+# indexes, a corporate CA). Only for build sandboxes: task sandboxes get none of the host's env.
+_BUILD_ENV_PREFIXES = ("PIP_", "UV_", "SSL_CERT_")
+_BUILD_ENV_NAMES = {
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "ALL_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "all_proxy",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+}
+_BUILD_ENV_OWN = {"UV_CACHE_DIR", "PIP_CACHE_DIR", "PIP_FIND_LINKS", "UV_FIND_LINKS"}
+
+
+def _host_build_env() -> dict[str, str]:
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if (k in _BUILD_ENV_NAMES or k.startswith(_BUILD_ENV_PREFIXES)) and k not in _BUILD_ENV_OWN
+    }
+
+
+def default_home() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "minisandbox"
+
+
+class BuildSettings(BaseModel):
+    """Where things live. Each location also reads an environment variable, so a cluster or an
+    integration can set it once."""
+
+    store: Path = Field(
+        default_factory=lambda: Path(
+            os.environ.get("MINISANDBOX_STORE") or default_home() / "store"
+        )
+    )
+    cache: Path = Field(
+        default_factory=lambda: Path(
+            os.environ.get("MINISANDBOX_CACHE") or default_home() / "layers"
+        )
+    )
+    git_mirror: Path | None = Field(
+        default_factory=lambda: (
+            Path(os.environ["MINISANDBOX_GIT_MIRROR"])
+            if os.environ.get("MINISANDBOX_GIT_MIRROR")
+            else None
+        )
+    )
+    git_url_template: str = "https://github.com/{repo}.git"
+    cache_max_bytes: int = 100 * GiB
+
+    @property
+    def logs(self) -> Path:
+        return self.store.parent / "logs" if self.store.name == "store" else self.store / "logs"
+
+
+class BuildResult(BaseModel):
+    task_id: str
+    status: Literal["built", "cached", "failed"]
+    env_layer: str | None = None
+    task_layer: str | None = None
+    error: str | None = None
+    log: str | None = None
+    seconds: float = 0.0
+    built_layers: list[str] = []  # the refs this build made (the others were in the store)
+
+
+class Builder:
+    def __init__(self, settings: BuildSettings | None = None) -> None:
+        self.settings = settings or BuildSettings()
+        self.store = LayerStore(self.settings.store)
+        owner = (
+            (SandboxConfig().root_mapped_uid, SandboxConfig().root_mapped_uid)
+            if os.geteuid() == 0
+            else None
+        )
+        self.cache = NodeCache(
+            self.settings.cache, self.store, max_bytes=self.settings.cache_max_bytes, owner=owner
+        )
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ---------------------------------------------------------------- keys
+
+    def interpreter(self, task: Task) -> Interpreter:
+        return find_interpreter(task.env.python)
+
+    def env_ref(self, task: Task) -> str:
+        return f"env/{task.env.key(self.interpreter(task).version)}"
+
+    def task_ref(self, task: Task, env_layer: str) -> str:
+        spec = {
+            "format": _FORMAT,
+            "repo": task.repo,
+            "base_commit": task.base_commit,
+            "env_layer": env_layer,
+            "pre_install": task.pre_install,
+            "install": task.install,
+            "bug_patch": task.bug_patch,
+        }
+        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+        return f"task/{digest}"
+
+    def layers_of(self, task: Task) -> tuple[str, str] | None:
+        """(environment layer, task layer) ids when both are in the store."""
+        env_layer = self.store.resolve(self.env_ref(task))
+        if env_layer is None:
+            return None
+        task_layer = self.store.resolve(self.task_ref(task, env_layer))
+        return (env_layer, task_layer) if task_layer else None
+
+    # ---------------------------------------------------------------- building
+
+    async def build(self, task: Task, *, force: bool = False) -> BuildResult:
+        began = time.monotonic()
+        made: list[str] = []
+        try:
+            env_layer = await self._env_layer(task, force, made)
+            task_layer = await self._task_layer(task, env_layer, force, made)
+        except MiniSandboxError as e:
+            return BuildResult(
+                task_id=task.id,
+                status="failed",
+                error=str(e),
+                log=str(getattr(e, "log", "") or "") or None,
+                seconds=time.monotonic() - began,
+            )
+        return BuildResult(
+            task_id=task.id,
+            status="built" if made else "cached",
+            built_layers=made,
+            env_layer=env_layer,
+            task_layer=task_layer,
+            seconds=time.monotonic() - began,
+        )
+
+    @contextlib.asynccontextmanager
+    async def _lock(self, name: str) -> AsyncIterator[None]:
+        """One build of `name` at a time: across coroutines (an asyncio lock) and across
+        processes on this machine (flock on a file beside the store's build area)."""
+        async with self._locks.setdefault(name, asyncio.Lock()):
+            locks = self.settings.store.parent / "build-locks"
+            locks.mkdir(parents=True, exist_ok=True)
+            fd = os.open(locks / f"{name.replace('/', '_')}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing drops the lock
+
+    async def _env_layer(self, task: Task, force: bool, made: list[str]) -> str:
+        ref = self.env_ref(task)
+        async with self._lock(ref):  # tasks sharing a recipe build it once
+            existing = self.store.resolve(ref)
+            if existing and not force:
+                return existing
+            interp = self.interpreter(task)
+            logs = self._log_dir(ref)
+            with self._workdir("env-") as work:
+                upper = work / "upper"
+                config = self._build_config(interp, upper=upper)
+                async with Sandbox(config) as sb:
+                    await self._step(
+                        sb, ref, logs, "venv", f"uv venv --seed --python {interp.executable} {VENV}"
+                    )
+                    reqs = "\n".join(task.env.requirements) + "\n"
+                    await sb.write_file("/tmp/requirements.txt", reqs)
+                    if task.env.requirements:
+                        options = " ".join(task.env.pip_options)
+                        await self._step(
+                            sb,
+                            ref,
+                            logs,
+                            "requirements",
+                            f"uv pip install --python {VENV}/bin/python --link-mode copy "
+                            f"--compile-bytecode {options} -r /tmp/requirements.txt",
+                        )
+                layer_dir = work / "layer"
+                (layer_dir / "opt").mkdir(parents=True)
+                os.rename(upper / "opt" / "venv", layer_dir / "opt" / "venv")
+                meta = {
+                    "kind": "env",
+                    "recipe": task.env.model_dump(),
+                    "interpreter": interp.model_dump(mode="json"),
+                    "logs": str(logs),
+                }
+                layer = await asyncio.to_thread(self.store.publish, layer_dir, meta=meta)
+            self.store.tag(ref, layer.id)
+            made.append(ref)
+            return layer.id
+
+    async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
+        ref = self.task_ref(task, env_layer)
+        async with self._lock(ref):
+            existing = self.store.resolve(ref)
+            if existing and not force:
+                return existing
+            interp = self.interpreter(task)
+            logs = self._log_dir(f"task/{task.id}")
+            with self._workdir("task-") as work:
+                upper = work / "upper"
+                upper.mkdir()
+                await asyncio.to_thread(self._checkout, task, upper / "testbed", logs)
+                async with self.cache.use([env_layer]) as (env_path,):
+                    config = self._build_config(interp, upper=upper, layers=[env_path])
+                    async with Sandbox(config) as sb:
+                        if task.bug_patch:
+                            await sb.write_file("/tmp/bug.patch", task.bug_patch)
+                            await self._step(
+                                sb,
+                                task.id,
+                                logs,
+                                "bug_patch",
+                                "git apply /tmp/bug.patch && git commit -qam bug",
+                            )
+                        script = "\n".join(["set -e", *task.pre_install, *task.install])
+                        if task.pre_install or task.install:
+                            await self._step(sb, task.id, logs, "install", script)
+                for noise in _NOISE:
+                    target = upper / noise
+                    if target.is_dir() and not target.is_symlink():
+                        shutil.rmtree(target)
+                    elif os.path.lexists(target):
+                        os.unlink(target)
+                meta = {
+                    "kind": "task",
+                    "task": task.id,
+                    "env_layer": env_layer,
+                    "interpreter": interp.model_dump(mode="json"),
+                    "logs": str(logs),
+                }
+                layer = await asyncio.to_thread(self.store.publish, upper, meta=meta)
+            self.store.tag(ref, layer.id)
+            made.append(ref)
+            return layer.id
+
+    def _build_config(
+        self, interp: Interpreter, *, upper: Path, layers: list[Path] | None = None
+    ) -> SandboxConfig:
+        uv = _uv_binary()
+        return SandboxConfig(
+            layers=layers or [],
+            upper=upper,
+            network=True,
+            ro_paths=sorted({interp.prefix, uv.parent}),
+            venv=VENV,
+            env={
+                **_host_build_env(),
+                "UV_CACHE_DIR": "/tmp/uv-cache",
+                "PIP_CACHE_DIR": "/tmp/pip-cache",
+                "PATH": f"{VENV}/bin:{uv.parent}:/usr/local/bin:/usr/bin:/bin",
+            },
+            limits=Limits(tmp_bytes=16 * GiB, upper_bytes=64 * GiB, command_timeout=3600),
+        )
+
+    async def _step(self, sb: Sandbox, what: str, logs: Path, step: str, command: str) -> None:
+        result = await sb.execute(["/bin/bash", "-c", command], merge_stderr=True)
+        log = logs / f"{step}.log"
+        log.write_text(f"$ {command}\n{result.stdout}\n[exit code {result.exit_code}]\n")
+        if result.exit_code != 0:
+            tail = "\n".join(result.stdout.strip().splitlines()[-15:])
+            raise BuildError(what, step, log, f":\n{tail}" if tail else "")
+
+    def _checkout(self, task: Task, dest: Path, logs: Path) -> None:
+        """The repository at its base commit, with no remote and no ref but the checked-out
+        branch: an agent must not find the fix among later commits."""
+        s = self.settings
+        if s.git_mirror is not None:
+            source = str(s.git_mirror / task.repo.replace("/", "__"))
+            if not os.path.isdir(source):
+                raise BuildError(
+                    task.id,
+                    "checkout",
+                    logs / "checkout.log",
+                    f": no mirror of {task.repo} at {source}",
+                )
+        else:
+            source = s.git_url_template.format(repo=task.repo)
+        log = logs / "checkout.log"
+        commands = [
+            ["git", "clone", "--quiet", "--no-checkout", source, str(dest)],
+            ["git", "-C", str(dest), "checkout", "--quiet", "-B", "main", task.base_commit],
+            ["git", "-C", str(dest), "remote", "remove", "origin"],
+        ]
+        with log.open("w") as out:
+            for cmd in commands:
+                out.write(f"$ {' '.join(cmd)}\n")
+                out.flush()
+                r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+                if r.returncode != 0:
+                    reason = (
+                        f": commit {task.base_commit} is not in {source}"
+                        if cmd[3] == "checkout"
+                        else f": `{' '.join(cmd)}` exited {r.returncode}"
+                    )
+                    raise BuildError(task.id, "checkout", log, reason)
+            refs = subprocess.run(
+                ["git", "-C", str(dest), "for-each-ref", "--format=%(refname)"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split()
+            for ref in refs:
+                if ref != "refs/heads/main":
+                    subprocess.run(["git", "-C", str(dest), "update-ref", "-d", ref], check=True)
+        if os.geteuid() == 0:  # the sandbox's root (an unprivileged uid) must own the checkout
+            uid = SandboxConfig().root_mapped_uid
+            for dirpath, dirnames, filenames in os.walk(dest):
+                for name in [*dirnames, *filenames]:
+                    os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
+            os.chown(dest, uid, uid)
+
+    def _log_dir(self, name: str) -> Path:
+        path = self.settings.logs / name.replace("/", "_")
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @contextlib.contextmanager
+    def _workdir(self, prefix: str):  # type: ignore[no-untyped-def]
+        root = self.settings.store.parent / "build-tmp"
+        root.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        try:
+            yield path
+        finally:
+            from .runtime import remove_tree
+
+            remove_tree(path)
+
+    # ---------------------------------------------------------------- running
+
+    @contextlib.asynccontextmanager
+    async def sandbox(
+        self, task: Task, *, build: bool = True, **overrides: object
+    ) -> AsyncIterator[Sandbox]:
+        """A sandbox of the task: its layers made present in the node cache (once per node,
+        under the I/O budget), the repository at /testbed, its venv active, its interpreter
+        mounted. Builds the layers first when missing and `build` is true."""
+        layers = self.layers_of(task)
+        if layers is None:
+            if not build:
+                raise MiniSandboxError(f"task {task.id} is not built; run `minisandbox build`")
+            result = await self.build(task)
+            if result.status == "failed":
+                raise MiniSandboxError(f"building task {task.id} failed: {result.error}")
+            layers = (result.env_layer, result.task_layer)  # type: ignore[assignment]
+        interp = self.interpreter(task)
+        async with self.cache.use(list(layers)) as paths:
+            config = SandboxConfig(
+                layers=paths,
+                ro_paths=[interp.prefix],
+                venv=VENV,
+                workdir="/testbed",
+                env=dict(task.env.env),
+                **overrides,  # type: ignore[arg-type]
+            )
+            async with Sandbox(config) as sb:
+                yield sb
+
+
+def _uv_binary() -> Path:
+    found = shutil.which("uv")
+    if found:
+        return Path(found).resolve()
+    try:
+        from uv import find_uv_bin
+
+        return Path(find_uv_bin()).resolve()
+    except (ImportError, FileNotFoundError):
+        raise MiniSandboxError("building environments needs uv: pip install uv") from None

@@ -1,0 +1,230 @@
+"""The node cache with real processes: one unpack per layer per node, pins, LRU eviction."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minisandbox.budget import LocalIOBudget
+from minisandbox.nodecache import NodeCache
+from minisandbox.store import CorruptLayerError, LayerStore
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+MiB = 1 << 20
+
+
+class RecordingStore(LayerStore):
+    """A real store that also notes each unpack (start, end) in a marker file."""
+
+    def __init__(self, root: Path, marker: Path, delay: float = 0.0) -> None:
+        super().__init__(root)
+        self.marker = marker
+        self.delay = delay
+
+    def unpack(self, layer_id: str, dest: Path, **kw: Any) -> Path:
+        start = time.time()
+        time.sleep(self.delay)
+        out = super().unpack(layer_id, dest, **kw)
+        with open(self.marker, "a") as fh:
+            fh.write(f"{os.getpid()} {layer_id} {start} {time.time()}\n")
+        return out
+
+
+def unpacks(marker: Path) -> list[list[str]]:
+    return [line.split() for line in marker.read_text().splitlines()] if marker.exists() else []
+
+
+def make_layer(store: LayerStore, tmp: Path, name: str, size: int) -> str:
+    src = tmp / f"src-{name}"
+    (src / "data").mkdir(parents=True)
+    (src / "data" / "blob.bin").write_bytes(os.urandom(size))
+    (src / "data" / "name.txt").write_text(name)
+    return store.publish(src).id
+
+
+CLIENT = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from minisandbox.nodecache import NodeCache
+    from minisandbox.store import LayerStore
+
+    class RecordingStore(LayerStore):
+        def unpack(self, layer_id, dest, **kw):
+            start = time.time()
+            time.sleep(0.3)  # a slow unpack: everyone else arrives while it runs
+            out = super().unpack(layer_id, dest, **kw)
+            with open(sys.argv[5], "a") as fh:
+                fh.write(f"{os.getpid()} {layer_id} {start} {time.time()}\\n")
+            return out
+
+    store, cache_root, layer = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4]
+    cache = NodeCache(cache_root, RecordingStore(store), max_bytes=1 << 30)
+    Path(sys.argv[6], str(os.getpid())).touch()  # ready
+    while not Path(sys.argv[6], "go").exists():
+        time.sleep(0.002)
+    with cache.use_sync([layer]) as paths:
+        print((paths[0] / "data" / "name.txt").read_text(), flush=True)
+        if len(sys.argv) > 7:  # hold the pin until killed
+            time.sleep(60)
+    """
+)
+
+
+def spawn_client(tmp: Path, layer: str, barrier: Path, *extra: str) -> subprocess.Popen[str]:
+    args = [SRC, str(tmp / "store"), str(tmp / "cache"), layer, str(tmp / "marker"), str(barrier)]
+    return subprocess.Popen(
+        [sys.executable, "-c", CLIENT, *args, *extra], stdout=subprocess.PIPE, text=True
+    )
+
+
+def test_processes_share_one_unpack(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store")
+    layer = make_layer(store, tmp_path, "shared", 4 * MiB)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    procs = [spawn_client(tmp_path, layer, barrier) for _ in range(4)]
+    try:
+        deadline = time.monotonic() + 20
+        while len(list(barrier.iterdir())) < len(procs):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        (barrier / "go").touch()
+        outs = [p.communicate(timeout=30)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [0] * 4
+    assert [o.strip() for o in outs] == ["shared"] * 4
+    assert len(unpacks(tmp_path / "marker")) == 1
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30)
+    assert cache.cached() == [layer]
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+
+
+async def test_coroutines_share_one_unpack(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    store = RecordingStore(tmp_path / "store", marker, delay=0.2)
+    a = make_layer(store, tmp_path, "a", MiB)
+    b = make_layer(store, tmp_path, "b", MiB)
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30)
+
+    async def user(ids: list[str]) -> list[str]:
+        async with cache.use(ids) as paths:
+            await asyncio.sleep(0.05)
+            return [(p / "data" / "name.txt").read_text() for p in paths]
+
+    results = await asyncio.gather(*(user([a, b]) for _ in range(5)), user([b]))
+    assert results == [["a", "b"]] * 5 + [["b"]]
+    assert sorted(line[1] for line in unpacks(marker)) == sorted([a, b])
+    assert cache.usage().pinned == []
+
+
+async def test_unpacks_go_through_the_budget(tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    store = RecordingStore(tmp_path / "store", marker, delay=0.1)
+    ids = [make_layer(store, tmp_path, str(i), MiB) for i in range(3)]
+    budget = LocalIOBudget(tmp_path / "budget", MiB + MiB // 2)  # room for one layer at a time
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30, budget=budget)
+    async with cache.use(ids) as paths:
+        assert [(p / "data" / "name.txt").read_text() for p in paths] == ["0", "1", "2"]
+    spans = sorted((float(s), float(e)) for _pid, _id, s, e in unpacks(marker))
+    assert len(spans) == 3
+    for (_s1, end), (start, _e2) in itertools.pairwise(spans):
+        assert start >= end  # one at a time: two layers never fit the budget together
+    assert budget.in_flight() == 0
+
+
+def test_lru_eviction_and_pins(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    store = LayerStore(tmp_path / "store")
+    l1, l2, l3 = (make_layer(store, tmp_path, n, MiB) for n in ("l1", "l2", "l3"))
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=2 * MiB + MiB // 2)
+
+    def use(*ids: str) -> None:
+        with cache.use_sync(list(ids)):
+            pass
+        time.sleep(0.01)  # distinct stamps
+
+    use(l1)
+    use(l2)
+    use(l3)  # l1 is the least recently used: it goes
+    assert set(cache.cached()) == {l2, l3}
+    use(l2)  # now l3 is the oldest
+    use(l1)
+    assert set(cache.cached()) == {l1, l2}
+
+    # A pinned layer is never evicted, even when it is the oldest.
+    held = cache.acquire_sync([l2])
+    time.sleep(0.01)
+    use(l1)
+    use(l3)  # l2 (oldest, pinned) stays; l1 goes
+    assert set(cache.cached()) == {l2, l3}
+
+    # Everything pinned and over the cap: nothing is evicted, and it is reported.
+    with (
+        caplog.at_level(logging.WARNING, logger="minisandbox.nodecache"),
+        cache.use_sync([l1, l3]) as paths,
+    ):
+        assert all(p.is_dir() for p in paths)
+        usage = cache.usage()
+        assert usage.over_cap and sorted(usage.pinned) == sorted([l1, l2, l3])
+        assert set(cache.cached()) == {l1, l2, l3}
+    assert "over its cap" in caplog.text
+    held.release()  # the most recent use now: l1 or l3 goes
+    evicted = cache.evict()
+    assert len(evicted) == 1 and evicted[0] in (l1, l3)
+    assert not cache.usage().over_cap
+    assert cache.clear() and cache.cached() == []
+
+
+def test_pin_held_by_another_process(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store")
+    layer = make_layer(store, tmp_path, "pinned", MiB)
+    barrier = tmp_path / "barrier"
+    barrier.mkdir()
+    (barrier / "go").touch()
+    proc = spawn_client(tmp_path, layer, barrier, "hold")
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "pinned"
+        cache = NodeCache(tmp_path / "cache", store, max_bytes=0)
+        assert cache.evict() == []
+        assert cache.usage().pinned == [layer]
+        proc.kill()
+        proc.wait()
+        assert cache.evict() == [layer]  # the kernel dropped the dead process's pin
+        assert cache.cached() == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_corrupt_layer_leaves_cache_clean(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store")
+    bad = make_layer(store, tmp_path, "bad", MiB)
+    good = make_layer(store, tmp_path, "good", MiB)
+    doc = store.manifest(bad)
+    blob = store.blob_path(doc["blobs"][0])
+    os.chmod(blob, 0o644)
+    os.truncate(blob, blob.stat().st_size - 10)
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30)
+    with pytest.raises(CorruptLayerError), cache.use_sync([good, bad]):
+        pass
+    assert cache.cached() in ([], [good])
+    assert not cache.usage().pinned
+    assert list((tmp_path / "cache" / "tmp").iterdir()) == []
+    assert sorted(os.listdir(tmp_path / "cache" / "stamps")) == cache.cached()
+    with cache.use_sync([good]) as paths:
+        assert (paths[0] / "data" / "name.txt").read_text() == "good"

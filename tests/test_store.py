@@ -1,0 +1,440 @@
+"""The layer store on real files: round trips, dedup, crash safety, corruption, gc."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from minisandbox.store import (
+    CorruptLayerError,
+    LayerNotFoundError,
+    LayerStore,
+    LayerStoreError,
+)
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Everything unpack must preserve, keyed by relative path."""
+    out: dict[str, tuple] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames]:
+            path = os.path.join(dirpath, name) if name != "." else dirpath
+            rel = os.path.relpath(path, root)
+            if name == "." and dirpath != str(root):
+                continue
+            st = os.lstat(path)
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = ("l", os.readlink(path))
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = ("d", mode)
+            else:
+                digest = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+                out[rel] = ("f", mode, st.st_size, digest, int(st.st_mtime))
+    return out
+
+
+def make_tree(root: Path, *, big: int = 0) -> Path:
+    root.mkdir(parents=True)
+    (root / "bin").mkdir()
+    (root / "bin" / "tool").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(root / "bin" / "tool", 0o755)
+    (root / "secret").write_text("s")
+    os.chmod(root / "secret", 0o600)
+    (root / "empty-file").touch()
+    (root / "empty-dir" / "nested").mkdir(parents=True)
+    (root / "ünïcødé" / "日本").mkdir(parents=True)
+    (root / "ünïcødé" / "日本" / "ファイル.txt").write_text("こんにちは\n")
+    os.mkdir(os.path.join(os.fsencode(root), b"raw-\xff-name"))  # not UTF-8
+    (root / "lib" / "pkg").mkdir(parents=True)
+    for i in range(40):
+        (root / "lib" / "pkg" / f"mod{i}.py").write_text(f"X = {i}\n" * (i + 1))
+    (root / "lib" / "pkg" / "data.bin").write_bytes(os.urandom(100_000))
+    os.link(root / "lib" / "pkg" / "mod3.py", root / "lib" / "hardlink.py")
+    os.symlink("pkg/mod1.py", root / "lib" / "rel-link")
+    os.symlink("/etc/hostname", root / "abs-link")
+    os.symlink("does/not/exist", root / "dangling")
+    os.symlink("lib/pkg", root / "dir-link")
+    ro = root / "readonly"
+    ro.mkdir()
+    (ro / "inside").write_text("x")
+    os.chmod(ro / "inside", 0o444)
+    os.chmod(ro, 0o555)
+    if big:
+        with open(root / "big.bin", "wb") as fh:
+            block = os.urandom(1 << 20)
+            for i in range(big):
+                fh.write(block[: (1 << 20) - i] + bytes([i % 256]) * i)
+    os.utime(root / "bin" / "tool", (1_600_000_000, 1_600_000_000))
+    return root
+
+
+def rmtree(path: Path) -> None:
+    from minisandbox.runtime import remove_tree
+
+    remove_tree(path)
+
+
+def blob_of(store: LayerStore, layer_id: str, rel: str) -> Path:
+    doc = store.manifest(layer_id)
+    entry = next(e for e in doc["entries"] if e[0] == "f" and e[1] == rel)
+    return store.blob_path(doc["blobs"][entry[5]])
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", big=12)
+    store = LayerStore(tmp_path / "store")
+    ref = store.publish(src, meta={"recipe": "test"})
+    assert ref.files == len([e for e in store.manifest(ref.id)["entries"] if e[0] == "f"])
+    assert ref.size > 12 * (1 << 20)
+    assert 1 << 20 < ref.stored_bytes < 3 << 20  # one random MiB, repeated: zstd sees it
+    assert store.info(ref.id).meta == {"recipe": "test"}
+    assert [r.id for r in store.list()] == [ref.id]
+
+    dest = tmp_path / "out" / "layer"
+    store.unpack(ref.id, dest)
+    assert snapshot(dest) == snapshot(src)
+    assert os.stat(dest / "bin" / "tool").st_mtime == 1_600_000_000
+    assert not [p for p in dest.parent.iterdir() if p != dest]  # no temp sibling left
+
+    with pytest.raises(FileExistsError):
+        store.unpack(ref.id, dest)
+    with pytest.raises(LayerNotFoundError):
+        store.unpack("0" * 64, tmp_path / "nope")
+    assert store.verify() == []
+
+    if os.geteuid() == 0:
+        owned = tmp_path / "owned"
+        store.unpack(ref.id, owned, owner=(12345, 23456))
+        for dirpath, dirnames, filenames in os.walk(owned):
+            for name in [*dirnames, *filenames]:
+                st = os.lstat(os.path.join(dirpath, name))
+                assert (st.st_uid, st.st_gid) == (12345, 23456)
+        assert stat.S_IMODE(os.stat(owned / "bin" / "tool").st_mode) == 0o755
+        rmtree(owned)
+    rmtree(dest)
+    rmtree(src)
+
+
+def test_identical_dirs_same_layer_stored_once(tmp_path: Path) -> None:
+    a = make_tree(tmp_path / "a")
+    b = tmp_path / "b"
+    shutil.copytree(a, b, symlinks=True)  # copy2: same modes and mtimes
+    store = LayerStore(tmp_path / "store")
+    ra = store.publish(a)
+    before = store.du()
+    rb = store.publish(b, meta={"second": True})
+    assert rb.id == ra.id
+    assert rb.stored_bytes == 0
+    after = store.du()
+    assert after["blob_bytes"] == before["blob_bytes"]
+    assert after["unique_blobs"] == before["unique_blobs"]
+    assert store.meta(ra.id) == {"second": True}
+    assert len(store.list()) == 1
+    rmtree(a)
+    rmtree(b)
+
+
+def test_shared_files_stored_once(tmp_path: Path) -> None:
+    a = tmp_path / "a"
+    for pkg in range(5):
+        d = a / "site-packages" / f"pkg{pkg}"
+        d.mkdir(parents=True)
+        for i in range(30):
+            (d / f"m{i}.py").write_bytes(os.urandom(2000))  # small: packed
+        (d / "ext.so").write_bytes(os.urandom(300_000))  # large: a blob of its own
+    b = tmp_path / "b"
+    shutil.copytree(a, b)
+    new = b / "site-packages" / "newpkg"
+    new.mkdir()
+    (new / "core.so").write_bytes(os.urandom(200_000))
+    (b / "site-packages" / "pkg0" / "m7.py").write_bytes(os.urandom(2000))  # one edit
+
+    store = LayerStore(tmp_path / "store")
+    ra = store.publish(a)
+    rb = store.publish(b)
+    assert ra.id != rb.id
+    assert ra.stored_bytes > 5 * 360_000
+    # b adds the new file, the one pack run holding the edit, and its manifest: no more.
+    assert 200_000 < rb.stored_bytes < 200_000 + 80_000
+    du = store.du()
+    assert du["logical_bytes"] == ra.size + rb.size
+    assert du["stored_bytes"] < ra.size + 300_000
+    for ref, src in ((ra, a), (rb, b)):
+        out = tmp_path / f"out-{ref.id[:8]}"
+        store.unpack(ref.id, out)
+        assert snapshot(out) == snapshot(src)
+
+
+PUBLISHER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from minisandbox.store import LayerStore
+    store = LayerStore(Path(sys.argv[2]), level=int(sys.argv[4]), workers=1)
+    print(store.publish(Path(sys.argv[3])).id, flush=True)
+    """
+)
+
+
+def test_crash_mid_publish_leaves_no_layer(tmp_path: Path) -> None:
+    src = tmp_path / "big-tree"
+    for d in range(20):
+        sub = src / f"d{d}"
+        sub.mkdir(parents=True)
+        for i in range(50):
+            (sub / f"f{i}.txt").write_bytes(f"{d}-{i}\n".encode() * 300)
+        (sub / "blob.bin").write_bytes(os.urandom(1 << 20) + bytes(3 << 20))
+    store_root = tmp_path / "store"
+    store = LayerStore(store_root)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", PUBLISHER, SRC, str(store_root), str(src), "19"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not list((store_root / "blobs").rglob("*.zst")):
+            assert proc.poll() is None, "publish ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert proc.poll() is None, "publish ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    assert store.list() == []
+    assert not list((store_root / "layers").glob("*.manifest.zst"))
+    assert store.verify() == []  # the blobs that did land are whole
+
+    ref = store.publish(src)  # the next publish works, and reuses what landed
+    assert [r.id for r in store.list()] == [ref.id]
+    out = tmp_path / "out"
+    store.unpack(ref.id, out)
+    assert snapshot(out) == snapshot(src)
+
+    # A leftover temp file (a killed writer's), old enough for gc, and an orphan blob.
+    stale = store_root / "tmp" / "otherhost.1.dead.blob"
+    stale.write_bytes(b"partial")
+    orphan = store.blob_path("ab" * 32)
+    orphan.parent.mkdir(exist_ok=True)
+    orphan.write_bytes(b"nobody uses me")
+    for path in [orphan, *(store_root / "tmp").iterdir()]:  # the killed publisher's too
+        os.utime(path, (time.time() - 7200, time.time() - 7200))
+    report = store.gc()
+    assert report.removed_temps >= 1
+    assert report.removed_blobs == 1
+    assert not stale.exists()
+    assert not orphan.exists()
+    assert list((store_root / "tmp").iterdir()) == []
+    assert store.verify() == []
+
+
+def test_corrupt_and_truncated_blobs(tmp_path: Path) -> None:
+    a = tmp_path / "a"
+    a.mkdir()
+    (a / "large.bin").write_bytes(os.urandom(200_000))
+    for i in range(5):
+        (a / f"small{i}.txt").write_text(f"small file {i}\n" * 20)
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "other.bin").write_bytes(os.urandom(200_000))
+    (b / "note.txt").write_text("b only\n")
+    store = LayerStore(tmp_path / "store")
+    ra, rb = store.publish(a), store.publish(b)
+
+    large = blob_of(store, ra.id, "large.bin")
+    os.chmod(large, 0o644)
+    with open(large, "r+b") as fh:
+        fh.seek(5000)
+        byte = fh.read(1)
+        fh.seek(5000)
+        fh.write(bytes([byte[0] ^ 0x40]))
+    dest = tmp_path / "unpacked" / "a"
+    with pytest.raises(CorruptLayerError) as err:
+        store.unpack(ra.id, dest)
+    assert err.value.path == large
+    assert ra.id in str(err.value) and str(large) in str(err.value)
+    assert not dest.exists()
+    assert list(dest.parent.iterdir()) == []  # no half-unpacked temp dir either
+    store.unpack(rb.id, tmp_path / "unpacked" / "b")  # other layers are fine
+    assert snapshot(tmp_path / "unpacked" / "b") == snapshot(b)
+    problems = store.verify()
+    assert len(problems) == 1 and str(large) in problems[0] and ra.id in problems[0]
+
+    # Repair moves it aside; publishing the tree again stores it anew.
+    store.verify(repair=True)
+    assert not large.exists()
+    store.publish(a)
+    assert store.verify() == []
+    store.unpack(ra.id, dest)
+    rmtree(dest)
+
+    pack = blob_of(store, ra.id, "small2.txt")
+    os.chmod(pack, 0o644)
+    os.truncate(pack, pack.stat().st_size // 2)
+    with pytest.raises(CorruptLayerError) as err:
+        store.unpack(ra.id, dest)
+    assert err.value.path == pack
+    assert not dest.exists()
+    assert any(str(pack) in p for p in store.verify())
+
+    # A truncated large blob and a damaged manifest are caught as well.
+    os.chmod(large, 0o644)
+    os.truncate(large, 1000)
+    assert any(str(large) in p for p in store.verify())
+    manifest = store.manifest_path(rb.id)
+    os.chmod(manifest, 0o644)
+    manifest.write_bytes(manifest.read_bytes()[:-3])
+    with pytest.raises(CorruptLayerError) as err:
+        store.unpack(rb.id, tmp_path / "b2")
+    assert err.value.path == manifest
+    assert not (tmp_path / "b2").exists()
+
+
+def test_refs_gc_and_reuse_touch(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store")
+    dirs = []
+    for name in ("one", "two", "three"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "common.bin").write_bytes(b"shared by all" * 5000)
+        (d / "own.bin").write_bytes(name.encode() * 10000)
+        dirs.append(d)
+    r1, r2, r3 = (store.publish(d) for d in dirs)
+    store.tag("env/django__django-1234", r2.id)
+    assert store.resolve("env/django__django-1234") == r2.id
+    assert store.resolve("env/missing") is None
+    store.tag("env/django__django-1234", r3.id)  # atomic replace
+    assert store.resolve("env/django__django-1234") == r3.id
+    assert store.refs() == {"env/django__django-1234": r3.id}
+
+    # Age everything, then republish `one`: its reused blobs are touched, so they are fresh.
+    old = time.time() - 7200
+    for path in (tmp_path / "store").rglob("*.zst"):
+        os.utime(path, (old, old))
+    assert store.publish(dirs[0]).stored_bytes == 0
+    assert time.time() - blob_of(store, r1.id, "own.bin").stat().st_mtime < 60
+    assert time.time() - blob_of(store, r2.id, "own.bin").stat().st_mtime > 3600
+
+    report = store.gc(keep={r1.id})  # r3 is kept by its ref, r2 goes with its own blob
+    assert report.removed_layers == [r2.id]
+    assert report.removed_blobs == 1
+    assert {r.id for r in store.list()} == {r1.id, r3.id}
+    assert store.verify() == []
+    store.unpack(r3.id, tmp_path / "u3")
+    assert snapshot(tmp_path / "u3") == snapshot(dirs[2])
+    assert store.untag("env/django__django-1234")
+    assert store.resolve("env/django__django-1234") is None
+
+
+CONCURRENT_PUBLISHER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from minisandbox.store import LayerStore
+    print(LayerStore(Path(sys.argv[2])).publish(Path(sys.argv[3])).id)
+    """
+)
+
+
+def test_concurrent_publishers(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    for i in range(10):
+        d = base / f"pkg{i}"
+        d.mkdir(parents=True)
+        (d / "lib.so").write_bytes(os.urandom(50_000))
+        for j in range(20):
+            (d / f"m{j}.py").write_text(f"# {i} {j}\n" * 50)
+    trees = []
+    for k in range(3):
+        t = tmp_path / f"tree{k}"
+        shutil.copytree(base, t)
+        (t / "own.txt").write_text(f"tree {k}\n")
+        trees.append(t)
+    store_root = tmp_path / "store"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", CONCURRENT_PUBLISHER, SRC, str(store_root), str(t)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for t in trees
+    ]
+    ids = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    store = LayerStore(store_root)
+    assert sorted(r.id for r in store.list()) == sorted(ids)
+    assert store.verify() == []
+    for layer_id, t in zip(ids, trees, strict=True):
+        out = tmp_path / f"out-{layer_id[:8]}"
+        store.unpack(layer_id, out)
+        assert snapshot(out) == snapshot(t)
+
+
+def overlay_upper(root: Path) -> Path:
+    """What a sandbox's upper directory holds after `rm testbed/f; rm -r testbed/d; mkdir
+    testbed/d; echo new > testbed/d/h`: a whiteout and an opaque directory."""
+    (root / "testbed" / "d").mkdir(parents=True)
+    (root / "testbed" / "d" / "h").write_text("new\n")
+    os.setxattr(root / "testbed" / "d", "user.overlay.opaque", b"y")
+    os.mknod(root / "testbed" / "f", stat.S_IFCHR, os.makedev(0, 0))
+    return root
+
+
+def test_overlay_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:
+    try:
+        upper = overlay_upper(tmp_path / "upper")
+    except OSError as exc:  # no user xattrs or whiteouts on this filesystem
+        pytest.skip(f"cannot make an overlay upper here: {exc}")
+    store = LayerStore(tmp_path / "store")
+    ref = store.publish(upper)
+    out = store.unpack(ref.id, tmp_path / "out")
+    st = os.lstat(out / "testbed" / "f")
+    assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
+    assert os.getxattr(out / "testbed" / "d", "user.overlay.opaque") == b"y"
+    assert (out / "testbed" / "d" / "h").read_text() == "new\n"
+
+    (tmp_path / "fifo-tree").mkdir()
+    os.mkfifo(tmp_path / "fifo-tree" / "pipe")
+    with pytest.raises(LayerStoreError, match="pipe"):
+        store.publish(tmp_path / "fifo-tree")
+
+
+async def test_layers_stack_as_overlay_lowers(tmp_path: Path, layer_dir: Path) -> None:
+    """Unpacked layers work as a sandbox's lower layers, whiteouts included."""
+    from minisandbox import Sandbox, SandboxConfig
+
+    base = tmp_path / "base"
+    (base / "testbed" / "d").mkdir(parents=True)
+    (base / "testbed" / "f").write_text("old\n")
+    (base / "testbed" / "d" / "g").write_text("old\n")
+    (base / "testbed" / "keep").write_text("kept\n")
+    try:
+        upper = overlay_upper(tmp_path / "upper")
+    except OSError as exc:
+        pytest.skip(f"cannot make an overlay upper here: {exc}")
+    store = LayerStore(tmp_path / "store")
+    uid = SandboxConfig().root_mapped_uid
+    owner = (uid, uid) if os.geteuid() == 0 else None
+    lowers = [
+        store.unpack(store.publish(d).id, layer_dir / d.name, owner=owner) for d in (base, upper)
+    ]
+    async with Sandbox(SandboxConfig(layers=lowers)) as sb:
+        result = await sb.execute("ls -A /testbed; ls -A /testbed/d; cat /testbed/d/h")
+    assert result.exit_code == 0, result
+    assert result.stdout.split() == ["d", "keep", "h", "new"]
