@@ -37,7 +37,7 @@ from .store import LayerStore
 from .toolchains import Interpreter, find_interpreter
 
 VENV = "/opt/venv"
-_FORMAT = 1
+_FORMAT = 2  # bump when what a task layer holds changes (2: ancestor tags kept)
 # Upper-layer paths that are build noise, not part of a layer.
 _NOISE = ("run", "tmp", "root/.cache", "root/.config/uv", "root/.local/share/uv", "etc/hostname")
 
@@ -135,11 +135,15 @@ class Builder:
             self.settings.cache, self.store, max_bytes=self.settings.cache_max_bytes, owner=owner
         )
         self._locks: dict[str, asyncio.Lock] = {}
+        self._interpreters: dict[str, Interpreter] = {}
 
     # ---------------------------------------------------------------- keys
 
     def interpreter(self, task: Task) -> Interpreter:
-        return find_interpreter(task.env.python)
+        # Discovery runs programs (uv, interpreters): once per version, not once per start.
+        if task.env.python not in self._interpreters:
+            self._interpreters[task.env.python] = find_interpreter(task.env.python)
+        return self._interpreters[task.env.python]
 
     def env_ref(self, task: Task) -> str:
         return f"env/{task.env.key(self.interpreter(task).version)}"
@@ -318,8 +322,8 @@ class Builder:
             raise BuildError(what, step, log, f":\n{tail}" if tail else "")
 
     def _checkout(self, task: Task, dest: Path, logs: Path) -> None:
-        """The repository at its base commit, with no remote and no ref but the checked-out
-        branch: an agent must not find the fix among later commits."""
+        """The repository at its base commit, with no remote and no ref that is not part of its
+        history: an agent must not find the fix among later commits."""
         s = self.settings
         if s.git_mirror is not None:
             source = str(s.git_mirror / task.repo.replace("/", "__"))
@@ -350,15 +354,22 @@ class Builder:
                         else f": `{' '.join(cmd)}` exited {r.returncode}"
                     )
                     raise BuildError(task.id, "checkout", log, reason)
-            refs = subprocess.run(
-                ["git", "-C", str(dest), "for-each-ref", "--format=%(refname)"],
-                capture_output=True,
-                text=True,
-                check=True,
-            ).stdout.split()
-            for ref in refs:
-                if ref != "refs/heads/main":
-                    subprocess.run(["git", "-C", str(dest), "update-ref", "-d", ref], check=True)
+
+            def refs(*selector: str) -> set[str]:
+                return set(
+                    subprocess.run(
+                        ["git", "-C", str(dest), "for-each-ref", "--format=%(refname)", *selector],
+                        capture_output=True,
+                        text=True,
+                        check=True,
+                    ).stdout.split()
+                )
+
+            # Tags on the base commit's history stay: versions come from `git describe`
+            # (setuptools_scm). Anything newer (branches, later tags) could hold the fix.
+            keep = {"refs/heads/main"} | refs("--merged", "HEAD", "refs/tags")
+            for ref in sorted(refs() - keep):
+                subprocess.run(["git", "-C", str(dest), "update-ref", "-d", ref], check=True)
         if os.geteuid() == 0:  # the sandbox's root (an unprivileged uid) must own the checkout
             uid = SandboxConfig().root_mapped_uid
             for dirpath, dirnames, filenames in os.walk(dest):
