@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 
 from minisandbox import Sandbox, SandboxConfig
+from minisandbox.builder import Builder, BuildSettings
+from minisandbox.examples import materialize_mirror
+from minisandbox.loaders import load_tasks
 
 ROOT_MAPPED_UID = SandboxConfig().root_mapped_uid
 
@@ -43,3 +47,35 @@ def give_to_sandbox(path: Path) -> None:
                 os.path.join(dirpath, name), ROOT_MAPPED_UID, ROOT_MAPPED_UID, follow_symlinks=False
             )
     os.chown(path, ROOT_MAPPED_UID, ROOT_MAPPED_UID)
+
+
+# --- built example tasks, shared by the builder and CLI tests (building takes ~15 s)
+
+
+@pytest.fixture(scope="session")
+def home() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="msb-build-"))
+    yield path
+    from minisandbox.runtime import remove_tree
+
+    remove_tree(path)
+
+
+@pytest.fixture(scope="session")
+def settings(home: Path) -> BuildSettings:
+    return BuildSettings(
+        store=home / "store", cache=home / "layers", git_mirror=materialize_mirror(home / "mirror")
+    )
+
+
+@pytest.fixture(scope="session")
+def built(settings: BuildSettings) -> list:
+    builder = Builder(settings)
+    tasks = load_tasks("examples")
+
+    async def go() -> list:
+        return await asyncio.gather(*(builder.build(t) for t in tasks))
+
+    results = asyncio.run(go())
+    assert [r.status for r in results] == ["built"] * 3, [r.error for r in results]
+    return results

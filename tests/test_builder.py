@@ -7,46 +7,12 @@ import asyncio
 import json
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 from minisandbox.builder import Builder, BuildSettings
-from minisandbox.examples import materialize_mirror
 from minisandbox.loaders import load_tasks
 from minisandbox.specs import EnvRecipe
-
-
-@pytest.fixture(scope="module")
-def home() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="msb-build-"))
-    yield path
-    from minisandbox.runtime import remove_tree
-
-    remove_tree(path)
-
-
-@pytest.fixture(scope="module")
-def settings(home: Path) -> BuildSettings:
-    return BuildSettings(
-        store=home / "store", cache=home / "layers", git_mirror=materialize_mirror(home / "mirror")
-    )
-
-
-@pytest.fixture(scope="module")
-def built(settings: BuildSettings) -> list:
-    builder = Builder(settings)
-    tasks = load_tasks("examples")
-
-    async def go() -> list:
-        return await asyncio.gather(*(builder.build(t) for t in tasks))
-
-    results = asyncio.run(go())
-    assert [r.status for r in results] == ["built"] * 3, [r.error for r in results]
-    return results
 
 
 def test_rebuild_is_cached_and_layers_are_shared(settings: BuildSettings, built: list) -> None:

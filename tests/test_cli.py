@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import select
@@ -112,3 +113,64 @@ def test_demo_runs() -> None:
     r = run_cli("demo", "--sandboxes", "2")
     assert r.returncode == 0, r.stderr
     assert b"blocked" in r.stdout and b"/tmp 1" in r.stdout
+
+
+def _env_for(settings) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """The store, cache and mirror given as environment variables, as a cluster would."""
+    return {
+        **os.environ,
+        "MINISANDBOX_STORE": str(settings.store),
+        "MINISANDBOX_CACHE": str(settings.cache),
+        "MINISANDBOX_GIT_MIRROR": str(settings.git_mirror),
+    }
+
+
+def test_tasks_build_and_cache_commands(settings, built) -> None:  # type: ignore[no-untyped-def]
+    env = _env_for(settings)
+    listing = subprocess.run(
+        [*CLI, "tasks", "examples", "--json"], capture_output=True, text=True, env=env, check=True
+    )
+    ids = [json.loads(line)["id"] for line in listing.stdout.splitlines()]
+    assert ids == [r.task_id for r in built]
+    r = subprocess.run(
+        [*CLI, "build", "examples", "--json", "-i", ids[0]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and summary["cached"] == [ids[0]] and summary["total"] == 1
+    bad = subprocess.run(
+        [*CLI, "build", "examples", "-i", "no-such-task"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert bad.returncode == 2 and "no-such-task" in bad.stderr
+    du = subprocess.run([*CLI, "cache", "du"], capture_output=True, text=True, env=env, check=True)
+    assert "layers" in du.stdout and str(settings.store) in du.stdout
+    verify = subprocess.run(
+        [*CLI, "cache", "verify"], capture_output=True, text=True, env=env, check=False
+    )
+    assert verify.returncode == 0 and "0 problems" in verify.stdout
+    ls = subprocess.run([*CLI, "cache", "ls"], capture_output=True, text=True, env=env, check=True)
+    assert "env" in ls.stdout and "task" in ls.stdout
+
+
+def test_shell_in_a_task_environment(settings, built) -> None:  # type: ignore[no-untyped-def]
+    env = _env_for(settings)
+    script = b"git log --oneline | wc -l; python -c 'import semverkit; print(semverkit.__name__)'\n"
+    r = subprocess.run(
+        [*CLI, "shell", "--task", "examples__semverkit-1"],
+        input=script + b"exit\n",
+        capture_output=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    # One commit of history (the base), and the task's package importable from its venv.
+    assert b"1\r\nsemverkit\r\n" in r.stdout

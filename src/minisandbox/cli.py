@@ -474,6 +474,99 @@ async def _build_all(builder, tasks, jobs: int, force: bool, quiet: bool):  # ty
     return results
 
 
+cache_app = typer.Typer(no_args_is_help=True, help="Inspect and tidy the layer store.")
+app.add_typer(cache_app, name="cache")
+
+
+def _store(store: Path | None):  # type: ignore[no-untyped-def]
+    from .builder import BuildSettings
+    from .store import LayerStore
+
+    return LayerStore(store or BuildSettings().store)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+@cache_app.command("ls")
+def cache_ls(store: Path = StoreOpt) -> None:
+    """List the stored layers: what each is, its unpacked size, what it added to the store."""
+    from rich.console import Console
+    from rich.table import Table
+
+    s = _store(store)
+    names: dict[str, list[str]] = {}
+    for ref, layer in s.refs().items():
+        names.setdefault(layer, []).append(ref)
+    table = Table(title=f"layers in {s.root}")
+    for col in ("layer", "kind", "for", "size", "stored", "files", "created"):
+        table.add_column(col)
+    for ref in sorted(s.list(), key=lambda r: r.created):
+        meta = ref.meta or {}
+        what = meta.get("task") or ", ".join(meta.get("recipe", {}).get("requirements", [])[:3])
+        table.add_row(
+            ref.id[:12],
+            str(meta.get("kind", "?")),
+            str(what)[:40],
+            _mb(ref.size),
+            _mb(ref.stored_bytes),
+            str(ref.files),
+            ref.created.strftime("%Y-%m-%d %H:%M"),
+        )
+    Console().print(table)
+
+
+@cache_app.command("du")
+def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt) -> None:
+    """Bytes stored against bytes the layers hold unpacked (the deduplication), and the node
+    cache's use of its cap."""
+    from .builder import Builder, BuildSettings
+
+    settings = BuildSettings()
+    if store is not None:
+        settings = settings.model_copy(update={"store": store})
+    if cache is not None:
+        settings = settings.model_copy(update={"cache": cache})
+    builder = Builder(settings)
+    du = builder.store.du()
+    usage = builder.cache.usage()
+    typer.echo(
+        f"store {builder.store.root}: {du['layers']} layers, {_mb(du['stored_bytes'])} "
+        f"stored for {_mb(du['logical_bytes'])} of layer content "
+        f"(x{du['ratio']}), {du['unique_blobs']} blobs"
+    )
+    typer.echo(
+        f"node cache {builder.cache.root}: {usage.layers} layers unpacked, "
+        f"{_mb(usage.bytes)} of {_mb(usage.max_bytes)}, {len(usage.pinned)} in use"
+    )
+
+
+@cache_app.command("verify")
+def cache_verify(
+    store: Path = StoreOpt,
+    repair: bool = typer.Option(False, "--repair", help="Move corrupt blobs aside."),
+) -> None:
+    """Re-hash every blob and manifest; exit 1 when anything is corrupt or missing."""
+    problems = _store(store).verify(repair=repair)
+    for p in problems:
+        typer.secho(p, fg=typer.colors.RED)
+    typer.echo(f"{len(problems)} problems")
+    raise typer.Exit(1 if problems else 0)
+
+
+@cache_app.command("gc")
+def cache_gc(store: Path = StoreOpt) -> None:
+    """Remove unreferenced layers and blobs, and leftovers of interrupted publishes."""
+    report = _store(store).gc()
+    typer.echo(
+        f"removed {len(report.removed_layers)} layers, {report.removed_blobs} blobs, "
+        f"{report.removed_temps} temp files; freed {_mb(report.freed_bytes)}"
+    )
+    for p in report.problems:
+        typer.secho(p, fg=typer.colors.YELLOW)
+
+
 def main() -> None:
     app()
 
