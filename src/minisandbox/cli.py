@@ -152,6 +152,7 @@ async def _interactive_shell(opened) -> int:  # type: ignore[no-untyped-def]
         term = await open_terminal(
             sb, ["/bin/bash", "--noprofile", "--norc", "-i"], env=env, rows=rows, columns=cols
         )
+        term.release_peer()  # bash holds the terminal: from now on EIO means it exited
         loop = asyncio.get_running_loop()
         done = loop.create_future()
         stdin_fd, stdout_fd = sys.stdin.fileno(), sys.stdout.fileno()
@@ -169,7 +170,6 @@ async def _interactive_shell(opened) -> int:  # type: ignore[no-untyped-def]
                 if not done.done():
                     done.set_result(None)
                 return
-            term.release_peer()  # bash is up: from now on EIO means it exited
             os.write(stdout_fd, data)
 
         def from_user() -> None:

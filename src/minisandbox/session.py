@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 _TIOCSPTLCK = 0x40045431
 _TIOCGPTN = 0x80045430
 _TIOCGPTPEER = 0x5441
+_TIOCGSID = 0x5429
 _PTMX_RDEV = os.makedev(5, 2)
 
 
@@ -371,7 +372,26 @@ async def open_terminal(
             f'<>/dev/pts/{term.number} >&0 2>&0 9>&- & echo "P {rid} $!" >&9'
         )
         await asyncio.wait_for(started, 30)
+        await _until_controlling(term.master, 30)
     except BaseException:
         term.close()
         raise
     return term
+
+
+async def _until_controlling(master: int, timeout: float) -> None:
+    """Wait until the terminal is the controlling terminal of the new session (setsid -c has
+    run, so the process holds the terminal open). Output alone proves nothing: the terminal
+    echoes typed input by itself."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        try:
+            (sid,) = struct.unpack("i", fcntl.ioctl(master, _TIOCGSID, b"\0" * 4))
+            if sid > 0:
+                return
+        except OSError:
+            pass
+        if loop.time() > deadline:
+            raise SessionError("the terminal's process did not start")
+        await asyncio.sleep(0.001)
