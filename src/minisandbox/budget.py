@@ -72,10 +72,8 @@ def _start_time(pid: int) -> str | None:
     return fields[19].decode() if len(fields) > 19 else ""
 
 
-def _alive(pid: int, start: str) -> bool:
-    if os.path.isdir("/proc/self"):
-        now = _start_time(pid)
-        return now is not None and (not start or not now or now == start)
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (perhaps another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,6 +81,13 @@ def _alive(pid: int, start: str) -> bool:
     except PermissionError:
         pass
     return True
+
+
+def _alive(pid: int, start: str) -> bool:
+    if os.path.isdir("/proc/self"):
+        now = _start_time(pid)
+        return now is not None and (not start or not now or now == start)
+    return pid_alive(pid)
 
 
 class LocalIOBudget(IOBudget):

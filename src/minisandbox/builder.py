@@ -238,16 +238,8 @@ class Builder:
                 layer_dir = work / "layer"
                 (layer_dir / "opt").mkdir(parents=True)
                 os.rename(upper / "opt" / "venv", layer_dir / "opt" / "venv")
-                meta = {
-                    "kind": "env",
-                    "recipe": task.env.model_dump(),
-                    "interpreter": interp.model_dump(mode="json"),
-                    "logs": str(logs),
-                }
-                layer = await asyncio.to_thread(self.store.publish, layer_dir, meta=meta)
-            self.store.tag(ref, layer.id)
-            made.append(ref)
-            return layer.id
+                meta = {"kind": "env", "recipe": task.env.model_dump()}
+                return await self._publish(ref, layer_dir, meta, interp, logs, made)
 
     async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
         ref = self.task_ref(task, env_layer)
@@ -282,17 +274,19 @@ class Builder:
                         shutil.rmtree(target)
                     elif os.path.lexists(target):
                         os.unlink(target)
-                meta = {
-                    "kind": "task",
-                    "task": task.id,
-                    "env_layer": env_layer,
-                    "interpreter": interp.model_dump(mode="json"),
-                    "logs": str(logs),
-                }
-                layer = await asyncio.to_thread(self.store.publish, upper, meta=meta)
-            self.store.tag(ref, layer.id)
-            made.append(ref)
-            return layer.id
+                meta = {"kind": "task", "task": task.id, "env_layer": env_layer}
+                return await self._publish(ref, upper, meta, interp, logs, made)
+
+    async def _publish(
+        self, ref: str, tree: Path, meta: dict, interp: Interpreter, logs: Path, made: list[str]
+    ) -> str:
+        """Store a built tree as a layer and name it `ref` (last: a ref never names a layer
+        that is not fully there)."""
+        meta = {**meta, "interpreter": interp.model_dump(mode="json"), "logs": str(logs)}
+        layer = await asyncio.to_thread(self.store.publish, tree, meta=meta)
+        self.store.tag(ref, layer.id)
+        made.append(ref)
+        return layer.id
 
     def _build_config(
         self, interp: Interpreter, *, upper: Path, layers: list[Path] | None = None

@@ -39,7 +39,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from ._cleanup import remove_tree
-from .budget import IOBudget, LocalIOBudget
+from .budget import IOBudget, LocalIOBudget, pid_alive
 from .store import LayerNotFoundError, LayerStore
 
 logger = logging.getLogger(__name__)
@@ -69,16 +69,6 @@ def _try_flock(fd: int, op: int) -> bool:
         return True
     except BlockingIOError:
         return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 class Lease:
@@ -362,7 +352,7 @@ class NodeCache:
     def _sweep_tmp(self) -> None:
         for name in os.listdir(self.root / "tmp"):
             pid = name.split(".", 1)[0]
-            if pid.isdigit() and not _pid_alive(int(pid)):
+            if pid.isdigit() and not pid_alive(int(pid)):
                 remove_tree(str(self.root / "tmp" / name))
 
     def usage(self) -> CacheUsage:
