@@ -111,11 +111,14 @@ async def test_layers_overlay_in_order_and_writes_stay_in_upper(tmp_path: Path) 
 
 
 async def test_ro_paths_are_visible_and_read_only(layer_dir: Path) -> None:
-    (layer_dir / "data.txt").write_text("host data")
-    async with Sandbox(ro_paths=[layer_dir]) as sb:
-        r = await sb.execute(f"cat {layer_dir}/data.txt; echo x > {layer_dir}/data.txt")
-    assert r.stdout == "host data" and r.exit_code != 0
-    assert (layer_dir / "data.txt").read_text() == "host data"
+    # Nested under /tmp: its parents lie in the sandbox's own /tmp and must be traversable.
+    shown = layer_dir / "nested" / "deeper"
+    shown.mkdir(parents=True)
+    (shown / "data.txt").write_text("host data")
+    async with Sandbox(ro_paths=[shown]) as sb:
+        r = await sb.execute(f"cat {shown}/data.txt; echo x > {shown}/data.txt")
+    assert r.stdout == "host data" and r.exit_code != 0, r.stderr
+    assert (shown / "data.txt").read_text() == "host data"
 
 
 async def test_host_python_runs_inside_via_ro_paths() -> None:

@@ -68,6 +68,9 @@ _GROUP = "root:x:0:\nnogroup:x:65534:\n"
 _MOUNT_POINTS = ("usr", "proc", "dev", "tmp", "run/minisandbox", "root", "etc")
 
 
+_PRIVATE_TMPFS = ("/tmp", "/dev/shm")
+
+
 @dataclass
 class MountPlan:
     args: list[str] = field(default_factory=list)
@@ -150,6 +153,16 @@ def build_plan(
     ]
     plan.destinations += ["/etc/hosts", "/etc/hostname"]
     for path in config.ro_paths:
+        # Parents inside the private tmpfs mounts are made by bwrap itself, mode 700 unless told
+        # otherwise: a root caller's sandbox uid could not reach the bound directory.
+        parent = path.parent
+        inside_tmpfs = []
+        while parent != parent.parent:
+            if any(parent.is_relative_to(m) and parent != Path(m) for m in _PRIVATE_TMPFS):
+                inside_tmpfs.append(str(parent))
+            parent = parent.parent
+        for d in reversed(inside_tmpfs):
+            a += ["--perms", "0755", "--dir", d]
         ro(str(path))
     a += ["--bind", str(io_dir), IO_DIR]
     plan.destinations.append(IO_DIR)
