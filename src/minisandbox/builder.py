@@ -28,6 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from .budget import LocalIOBudget
 from .config import GiB, Limits, SandboxConfig
 from .errors import MiniSandboxError
 from .nodecache import NodeCache
@@ -37,6 +38,7 @@ from .store import LayerStore
 from .toolchains import Interpreter, find_interpreter
 
 VENV = "/opt/venv"
+DEFAULT_IO_BUDGET = 2 * GiB
 _FORMAT = 2  # bump when what a task layer holds changes (2: ancestor tags kept)
 # Upper-layer paths that are build noise, not part of a layer.
 _NOISE = ("run", "tmp", "root/.cache", "root/.config/uv", "root/.local/share/uv", "etc/hostname")
@@ -131,8 +133,17 @@ class Builder:
             if os.geteuid() == 0
             else None
         )
+        # Unpacking on this node, across all its processes, is bounded by the I/O budget:
+        # $MINISANDBOX_IO_BUDGET bytes in flight, 2 GiB when unset.
+        budget = LocalIOBudget.from_env(self.settings.cache / "io-budget") or LocalIOBudget(
+            self.settings.cache / "io-budget", DEFAULT_IO_BUDGET
+        )
         self.cache = NodeCache(
-            self.settings.cache, self.store, max_bytes=self.settings.cache_max_bytes, owner=owner
+            self.settings.cache,
+            self.store,
+            max_bytes=self.settings.cache_max_bytes,
+            budget=budget,
+            owner=owner,
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._interpreters: dict[str, Interpreter] = {}
