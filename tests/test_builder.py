@@ -105,3 +105,17 @@ def test_two_processes_build_one_environment_once(home: Path, settings: BuildSet
     env_builds = [ref for r in results for ref in r["built_layers"] if ref.startswith("env/")]
     task_builds = [ref for r in results for ref in r["built_layers"] if ref.startswith("task/")]
     assert len(env_builds) == 1 and len(task_builds) == 1, results
+
+
+def test_layers_hold_no_trace_of_the_build_host(settings: BuildSettings, built: list) -> None:
+    """A task layer is the checkout plus the install's delta: not the build sandbox's mount
+    points (the host's interpreter and uv paths, /etc/hosts), nor bytecode that the
+    environment layer should already hold."""
+    builder = Builder(settings)
+    for result in built:
+        paths = [e[1] for e in builder.store.manifest(result.task_layer)["entries"]]
+        top = {p.split("/")[0] for p in paths if p != "."}
+        assert top <= {"testbed", "opt", "root", "etc"}, top
+        assert not [p for p in paths if p in ("etc/hosts", "etc/resolv.conf", "etc/hostname")]
+        assert not [p for p in paths if p.startswith(("root/.pyenv", "usr", "work"))]
+        assert not [p for p in paths if "/pip/" in p and p.endswith(".pyc")]

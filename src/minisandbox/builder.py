@@ -39,9 +39,20 @@ from .toolchains import Interpreter, find_interpreter
 
 VENV = "/opt/venv"
 DEFAULT_IO_BUDGET = 2 * GiB
-_FORMAT = 2  # bump when what a task layer holds changes (2: ancestor tags kept)
+_FORMAT = 3  # bump when what a task layer holds changes (3: no build-host mount points)
 # Upper-layer paths that are build noise, not part of a layer.
-_NOISE = ("run", "tmp", "root/.cache", "root/.config/uv", "root/.local/share/uv", "etc/hostname")
+_NOISE = (
+    "run",
+    "tmp",
+    "root/.cache",
+    "root/.config/uv",
+    "root/.local/share/uv",
+    "etc/hostname",
+    "etc/hosts",
+    "etc/resolv.conf",
+)
+# Bumped when what an environment layer holds changes (v2: its bytecode compiled at build).
+_ENV_FORMAT = "v2"
 
 
 class BuildError(MiniSandboxError):
@@ -157,7 +168,7 @@ class Builder:
         return self._interpreters[task.env.python]
 
     def env_ref(self, task: Task) -> str:
-        return f"env/{task.env.key(self.interpreter(task).version)}"
+        return f"env/{_ENV_FORMAT}-{task.env.key(self.interpreter(task).version)}"
 
     def task_ref(self, task: Task, env_layer: str) -> str:
         spec = {
@@ -246,6 +257,15 @@ class Builder:
                             f"uv pip install --python {VENV}/bin/python --link-mode copy "
                             f"--compile-bytecode {options} -r /tmp/requirements.txt",
                         )
+                    # Bytecode now, once: otherwise the first import or pip run of every task
+                    # writes its own copy of the environment's .pyc files into its task layer.
+                    await self._step(
+                        sb,
+                        ref,
+                        logs,
+                        "bytecode",
+                        f"{VENV}/bin/python -m compileall -q -j 0 {VENV}/lib || true",
+                    )
                 layer_dir = work / "layer"
                 (layer_dir / "opt").mkdir(parents=True)
                 os.rename(upper / "opt" / "venv", layer_dir / "opt" / "venv")
@@ -285,6 +305,10 @@ class Builder:
                         shutil.rmtree(target)
                     elif os.path.lexists(target):
                         os.unlink(target)
+                # The empty mount points of the build's host paths (interpreter, uv): a layer
+                # must not depend on where the builder's host keeps them.
+                for host_path in config.ro_paths:
+                    _remove_empty_chain(upper, upper / str(host_path).lstrip("/"))
                 meta = {"kind": "task", "task": task.id, "env_layer": env_layer}
                 return await self._publish(ref, upper, meta, interp, logs, made)
 
@@ -428,6 +452,17 @@ class Builder:
             )
             async with Sandbox(config) as sb:
                 yield sb
+
+
+def _remove_empty_chain(root: Path, path: Path) -> None:
+    """rmdir `path` and then its parents while they are empty, up to (not including) `root`."""
+    while path != root and path.is_relative_to(root):
+        try:
+            path.rmdir()
+        except OSError:  # not empty, absent, or not a directory
+            if path.exists():
+                return
+        path = path.parent
 
 
 def _uv_binary() -> Path:
