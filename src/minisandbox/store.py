@@ -382,7 +382,8 @@ class LayerStore:
         self.level = level
         self.small_file_bytes = small_file_bytes
         self.fsync = fsync
-        self.workers = workers or min(8, os.cpu_count() or 1)
+        # Unpacking many small files waits on the filesystem more than on the CPU.
+        self.workers = workers or 8
         for sub in ("blobs", "layers", "refs", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
 
