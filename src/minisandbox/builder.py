@@ -32,6 +32,7 @@ from .budget import LocalIOBudget
 from .config import GiB, Limits, SandboxConfig
 from .errors import MiniSandboxError
 from .nodecache import NodeCache
+from .runtime import remove_tree
 from .sandbox import Sandbox
 from .specs import Task
 from .store import LayerStore
@@ -419,8 +420,6 @@ class Builder:
         try:
             yield path
         finally:
-            from .runtime import remove_tree
-
             remove_tree(path)
 
     # ---------------------------------------------------------------- running

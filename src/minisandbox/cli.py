@@ -10,9 +10,18 @@ import shutil
 import signal
 import sys
 import time
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
+    from .builder import Builder, BuildResult
+    from .config import SandboxConfig
+    from .sandbox import Sandbox
+    from .specs import Task
+    from .store import LayerStore
 
 app = typer.Typer(
     add_completion=False,
@@ -48,7 +57,7 @@ def _config(
     network: bool,
     ro: list[Path] | None,
     workdir: str,
-):  # type: ignore[no-untyped-def]
+) -> SandboxConfig:
     from .config import SandboxConfig
 
     try:
@@ -85,7 +94,7 @@ EnvsOpt = typer.Option(
 IdsOpt = typer.Option(None, "--instance-ids", "-i", help="Only these tasks (repeatable).")
 
 
-def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | None):  # type: ignore[no-untyped-def]
+def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | None) -> Builder:
     from .builder import Builder, BuildSettings, default_home
 
     settings = BuildSettings()
@@ -103,7 +112,7 @@ def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | 
     return Builder(settings.model_copy(update=updates))
 
 
-def _load(tasks: str, envs_dir: Path | None, ids: list[str] | None):  # type: ignore[no-untyped-def]
+def _load(tasks: str, envs_dir: Path | None, ids: list[str] | None) -> list[Task]:
     from .loaders import load_tasks
 
     return load_tasks(tasks, envs_dir=envs_dir, instance_ids=ids or None)
@@ -140,7 +149,7 @@ def shell(
     raise typer.Exit(code)
 
 
-async def _interactive_shell(opened) -> int:  # type: ignore[no-untyped-def]
+async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> int:
     import termios
     import tty
 
@@ -232,7 +241,9 @@ def exec_(
     raise typer.Exit(code)
 
 
-async def _exec(config, command: list[str], timeout: float | None, stdin: bytes | None) -> int:  # type: ignore[no-untyped-def]
+async def _exec(
+    config: SandboxConfig, command: list[str], timeout: float | None, stdin: bytes | None
+) -> int:
     from .sandbox import Sandbox
 
     def stream(fd: int, chunk: bytes) -> None:
@@ -264,7 +275,7 @@ def demo(
         _fail(str(e))
 
 
-async def _demo_tasks(builder) -> None:  # type: ignore[no-untyped-def]
+async def _demo_tasks(builder: Builder) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -281,7 +292,7 @@ async def _demo_tasks(builder) -> None:  # type: ignore[no-untyped-def]
     for col in ("task", "build", "start ms", "tests before", "with gold patch"):
         table.add_column(col)
 
-    async def run(task, result) -> list[str]:  # type: ignore[no-untyped-def]
+    async def run(task: Task, result: BuildResult) -> list[str]:
         async with builder.sandbox(task):  # first start unpacks the layers on this node
             pass
         began = time.perf_counter()
@@ -438,7 +449,9 @@ def build(
     raise typer.Exit(1 if failed else 0)
 
 
-async def _build_all(builder, tasks, jobs: int, force: bool, quiet: bool):  # type: ignore[no-untyped-def]
+async def _build_all(
+    builder: Builder, tasks: list[Task], jobs: int, force: bool, quiet: bool
+) -> list[BuildResult]:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -455,7 +468,7 @@ async def _build_all(builder, tasks, jobs: int, force: bool, quiet: bool):  # ty
     ) as progress:
         overall = progress.add_task("building", total=len(tasks))
 
-        async def one(task):  # type: ignore[no-untyped-def]
+        async def one(task: Task) -> BuildResult:
             async with limit:
                 result = await builder.build(task, force=force)
             progress.advance(overall)
@@ -478,7 +491,7 @@ cache_app = typer.Typer(no_args_is_help=True, help="Inspect and tidy the layer s
 app.add_typer(cache_app, name="cache")
 
 
-def _store(store: Path | None):  # type: ignore[no-untyped-def]
+def _store(store: Path | None) -> LayerStore:
     from .builder import BuildSettings
     from .store import LayerStore
 
