@@ -438,3 +438,21 @@ async def test_layers_stack_as_overlay_lowers(tmp_path: Path, layer_dir: Path) -
         result = await sb.execute("ls -A /testbed; ls -A /testbed/d; cat /testbed/d/h")
     assert result.exit_code == 0, result
     assert result.stdout.split() == ["d", "keep", "h", "new"]
+
+
+def test_unpack_never_restores_set_id_bits(tmp_path: Path) -> None:
+    """A layer may hold what a sandbox wrote; the node cache is readable by other host users:
+    a setuid file there would run as its owner for anyone."""
+    src = tmp_path / "src"
+    src.mkdir()
+    tool = src / "tool"
+    tool.write_bytes(b"#!/bin/sh\n" + b"x" * 40000)  # a large file: the streaming path
+    small = src / "small"
+    small.write_bytes(b"#!/bin/sh\n")  # a small one: the packed path
+    for f in (tool, small):
+        os.chmod(f, 0o6755)
+    store = LayerStore(tmp_path / "store")
+    ref = store.publish(src)
+    out = store.unpack(ref.id, tmp_path / "out")
+    for name in ("tool", "small"):
+        assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o755

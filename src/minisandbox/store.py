@@ -342,6 +342,23 @@ def _ref_filename(name: str) -> str:
     return encoded
 
 
+def _create(path: str) -> int:
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def _finish_file(fd: int, entry: builtins.list[Any], owner: tuple[int, int] | None) -> None:
+    """Owner, mode and mtime of an unpacked file, by descriptor; then close it. Set-id bits are
+    never restored: a layer may come from what a sandbox wrote, and the node cache is readable
+    by other users of the host."""
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, entry[2] & ~(stat.S_ISUID | stat.S_ISGID))
+        os.utime(fd, (entry[4], entry[4]))
+    finally:
+        os.close(fd)
+
+
 def _run_parallel(fn: Callable[[Any], None], items: Iterable[Any], workers: int) -> None:
     """Run fn over items on a thread pool; the first error cancels what has not started."""
     items = builtins.list(items)
@@ -674,19 +691,15 @@ class LayerStore:
             i, entries = item
             if i < 0:  # empty files
                 for e in entries:
-                    open(os.path.join(base, e[1]), "wb").close()
+                    _finish_file(_create(os.path.join(base, e[1])), e, owner)
                 return
-            self._write_blob(layer_id, shas[i], entries, base)
+            self._write_blob(layer_id, shas[i], entries, base, owner)
 
+        # Each file is created, filled and given its owner, mode and mtime by one worker, by
+        # descriptor: per-file system calls dominate unpacking, so none are left for later.
         _run_parallel(write_blob, by_blob.items(), self.workers)
         for e in links:
             os.symlink(e[2], os.path.join(base, e[1]))
-        for e in files:
-            path = os.path.join(base, e[1])
-            if owner is not None:
-                os.chown(path, *owner)
-            os.chmod(path, e[2])  # after chown, which clears set-id bits
-            os.utime(path, (e[4], e[4]))
         if owner is not None:
             for e in links:
                 os.lchown(os.path.join(base, e[1]), *owner)
@@ -699,7 +712,12 @@ class LayerStore:
             os.chmod(path, mode)
 
     def _write_blob(
-        self, layer_id: str, sha: str, entries: builtins.list[builtins.list[Any]], base: str
+        self,
+        layer_id: str,
+        sha: str,
+        entries: builtins.list[builtins.list[Any]],
+        base: str,
+        owner: tuple[int, int] | None,
     ) -> None:
         path = self.blob_path(sha)
         if all(e[6] == 0 and e[3] == entries[0][3] for e in entries):
@@ -708,16 +726,20 @@ class LayerStore:
             e = entries[0]
             h = hashlib.sha256()
             written = 0
+            fd = _create(os.path.join(base, e[1]))
             try:
-                with open(path, "rb") as src, open(os.path.join(base, e[1]), "wb") as out:
+                with open(path, "rb") as src, open(fd, "wb", closefd=False) as out:
                     reader = _decompressor().stream_reader(src, read_size=_CHUNK)
                     while chunk := reader.read(_CHUNK):
                         h.update(chunk)
                         out.write(chunk)
                         written += len(chunk)
+                _finish_file(fd, e, owner)
             except FileNotFoundError:
+                os.close(fd)
                 raise CorruptLayerError(layer_id, path, "blob missing") from None
             except zstandard.ZstdError as exc:
+                os.close(fd)
                 raise CorruptLayerError(layer_id, path, f"zstd: {exc}") from None
             if written != e[3]:
                 raise CorruptLayerError(layer_id, path, f"{written} bytes, expected {e[3]}")
@@ -725,14 +747,18 @@ class LayerStore:
                 raise CorruptLayerError(layer_id, path, "sha256 mismatch")
             for other in entries[1:]:
                 shutil.copyfile(os.path.join(base, e[1]), os.path.join(base, other[1]))
+                _finish_file(os.open(os.path.join(base, other[1]), os.O_RDONLY), other, owner)
             return
         data = self._read_blob(layer_id, sha)
         for e in entries:
             chunk = data[e[6] : e[6] + e[3]]
             if len(chunk) != e[3]:
                 raise CorruptLayerError(layer_id, path, f"pack too short for {e[1]}")
-            with open(os.path.join(base, e[1]), "wb") as out:
-                out.write(chunk)
+            fd = _create(os.path.join(base, e[1]))
+            view = memoryview(chunk)
+            while view:
+                view = view[os.write(fd, view) :]
+            _finish_file(fd, e, owner)
 
     def _read_blob(self, layer_id: str, sha: str) -> bytes:
         path = self.blob_path(sha)
