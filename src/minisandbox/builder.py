@@ -335,6 +335,9 @@ class Builder:
             ro_paths=sorted({interp.prefix, uv.parent}),
             venv=VENV,
             env={
+                # The system's CA store (a copy of the host's is in the sandbox) rather than
+                # uv's bundled one: behind a corporate proxy only the former knows its CA.
+                "UV_NATIVE_TLS": "1",
                 **_host_build_env(),
                 "UV_CACHE_DIR": "/tmp/uv-cache",
                 "PIP_CACHE_DIR": "/tmp/pip-cache",
