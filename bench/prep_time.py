@@ -229,10 +229,7 @@ def tree_size(root: Path) -> tuple[int, int]:
 def layer_owner() -> tuple[int, int] | None:
     """Owner of unpacked files: as root, the sandbox's root uid (like the builder's node cache),
     so that tar records it and root's `tar x` restores it; otherwise the caller."""
-    if os.geteuid() != 0:
-        return None
-    uid = SandboxConfig().root_mapped_uid
-    return uid, uid
+    return SandboxConfig().layer_owner()
 
 
 def task_filesystem(store: LayerStore, env_layer: str, task_layer: str, dest: Path) -> None:

@@ -15,8 +15,6 @@ from minisandbox.builder import Builder, BuildSettings
 from minisandbox.examples import materialize_mirror
 from minisandbox.loaders import load_tasks
 
-ROOT_MAPPED_UID = SandboxConfig().root_mapped_uid
-
 
 @pytest.fixture
 async def sandbox() -> AsyncIterator[Sandbox]:
@@ -39,14 +37,13 @@ def layer_dir() -> Iterator[Path]:
 def give_to_sandbox(path: Path) -> None:
     """Make a layer writable for the sandbox's root, whoever runs the tests: a root caller's
     sandbox runs as an unprivileged uid and cannot write root's files."""
-    if os.geteuid() != 0:
+    owner = SandboxConfig().layer_owner()
+    if owner is None:
         return
     for dirpath, dirnames, filenames in os.walk(path):
         for name in [*dirnames, *filenames]:
-            os.chown(
-                os.path.join(dirpath, name), ROOT_MAPPED_UID, ROOT_MAPPED_UID, follow_symlinks=False
-            )
-    os.chown(path, ROOT_MAPPED_UID, ROOT_MAPPED_UID)
+            os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
+    os.chown(path, *owner)
 
 
 # --- built example tasks, shared by the builder and CLI tests (building takes ~15 s)

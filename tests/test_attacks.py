@@ -182,7 +182,7 @@ def contexts(
             scratch = Path(tempfile.mkdtemp(prefix="minisandbox-attack-"))
             os.chmod(scratch, 0o755)
             dirs.extend([home_dir, scratch])
-            sandbox_uid = SandboxConfig().root_mapped_uid if IS_ROOT else os.geteuid()
+            sandbox_uid = SandboxConfig().sandbox_owner()[0]
         scratch_content = f"scratch-{secrets.token_hex(8)}"
         scratch_file = scratch / "host-file.txt"
         scratch_file.write_text(scratch_content)

@@ -429,8 +429,7 @@ async def test_layers_stack_as_overlay_lowers(tmp_path: Path, layer_dir: Path) -
     except OSError as exc:
         pytest.skip(f"cannot make an overlay upper here: {exc}")
     store = LayerStore(tmp_path / "store")
-    uid = SandboxConfig().root_mapped_uid
-    owner = (uid, uid) if os.geteuid() == 0 else None
+    owner = SandboxConfig().layer_owner()
     lowers = [
         store.unpack(store.publish(d).id, layer_dir / d.name, owner=owner) for d in (base, upper)
     ]

@@ -140,11 +140,7 @@ class Builder:
     def __init__(self, settings: BuildSettings | None = None) -> None:
         self.settings = settings or BuildSettings()
         self.store = LayerStore(self.settings.store)
-        owner = (
-            (SandboxConfig().root_mapped_uid, SandboxConfig().root_mapped_uid)
-            if os.geteuid() == 0
-            else None
-        )
+        owner = SandboxConfig().layer_owner()
         # Unpacking on this node, across all its processes, is bounded by the I/O budget:
         # $MINISANDBOX_IO_BUDGET bytes in flight, 2 GiB when unset.
         budget = LocalIOBudget.from_env(self.settings.cache / "io-budget") or LocalIOBudget(
@@ -403,12 +399,12 @@ class Builder:
             keep = {"refs/heads/main"} | refs("--merged", "HEAD", "refs/tags")
             for ref in sorted(refs() - keep):
                 subprocess.run(["git", "-C", str(dest), "update-ref", "-d", ref], check=True)
-        if os.geteuid() == 0:  # the sandbox's root (an unprivileged uid) must own the checkout
-            uid = SandboxConfig().root_mapped_uid
+        owner = SandboxConfig().layer_owner()
+        if owner is not None:  # a root caller's sandbox root (an unprivileged uid) must own it
             for dirpath, dirnames, filenames in os.walk(dest):
                 for name in [*dirnames, *filenames]:
-                    os.chown(os.path.join(dirpath, name), uid, uid, follow_symlinks=False)
-            os.chown(dest, uid, uid)
+                    os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
+            os.chown(dest, *owner)
 
     def _log_dir(self, name: str) -> Path:
         path = self.settings.logs / name.replace("/", "_")

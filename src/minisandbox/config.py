@@ -60,6 +60,18 @@ class SandboxConfig(BaseModel):
     )
     runtime_dir: Path | None = Field(None, description="where temporary upper layers live")
 
+    def sandbox_owner(self) -> tuple[int, int]:
+        """The host uid and gid of the sandbox's root: the caller, or for a root caller the
+        mapped unprivileged uid."""
+        if os.geteuid() == 0:
+            return self.root_mapped_uid, self.root_mapped_uid
+        return os.geteuid(), os.getegid()
+
+    def layer_owner(self) -> tuple[int, int] | None:
+        """Whom to chown files to that the sandbox's root must be able to change (a root
+        caller's layers, checkouts); None when the caller's own files already are its root's."""
+        return self.sandbox_owner() if os.geteuid() == 0 else None
+
     @field_validator("layers", "ro_paths")
     @classmethod
     def _absolute_dirs(cls, paths: list[Path]) -> list[Path]:

@@ -122,8 +122,7 @@ class Sandbox:
         self._stopped = False
         self._cgroup: SandboxCgroup | None = None
         self.as_root = os.geteuid() == 0
-        self.sandbox_uid = self.config.root_mapped_uid if self.as_root else os.geteuid()
-        self.sandbox_gid = self.config.root_mapped_uid if self.as_root else os.getegid()
+        self.sandbox_uid, self.sandbox_gid = self.config.sandbox_owner()
 
     # ---------------------------------------------------------------- lifecycle
 
