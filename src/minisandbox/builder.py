@@ -29,6 +29,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from .budget import LocalIOBudget
+from .compat import compat_layer
 from .config import GiB, Limits, SandboxConfig
 from .errors import MiniSandboxError
 from .nodecache import NodeCache
@@ -425,11 +426,17 @@ class Builder:
 
     @contextlib.asynccontextmanager
     async def sandbox(
-        self, task: Task, *, build: bool = True, **overrides: object
+        self,
+        task: Task,
+        *,
+        build: bool = True,
+        extra_env: dict[str, str] | None = None,
+        **overrides: object,
     ) -> AsyncIterator[Sandbox]:
         """A sandbox of the task: its layers made present in the node cache (once per node,
         under the I/O budget), the repository at /testbed, its venv active, its interpreter
-        mounted. Builds the layers first when missing and `build` is true."""
+        mounted, SWE-bench's conda activation provided. Builds the layers first when missing
+        and `build` is true. `extra_env` is added to the task's environment variables."""
         layers = self.layers_of(task)
         if layers is None:
             if not build:
@@ -439,13 +446,14 @@ class Builder:
                 raise MiniSandboxError(f"building task {task.id} failed: {result.error}")
             layers = (result.env_layer, result.task_layer)  # type: ignore[assignment]
         interp = self.interpreter(task)
+        compat = compat_layer(self.settings.cache / "compat", self.cache.owner)
         async with self.cache.use(list(layers)) as paths:
             config = SandboxConfig(
-                layers=paths,
+                layers=[compat, *paths],
                 ro_paths=[interp.prefix],
                 venv=VENV,
                 workdir="/testbed",
-                env=dict(task.env.env),
+                env={**task.env.env, **(extra_env or {})},
                 **overrides,  # type: ignore[arg-type]
             )
             async with Sandbox(config) as sb:

@@ -533,6 +533,7 @@ def _swebench_task(
         "install": install,
         "test_cmd": test_cmd,
         "log_parser": _log_parser(record, repo, where),
+        "eval_type": _text(record, "eval_type", where) or "pass_and_fail",
         "gold_patch": _text(record, "patch", where),
         "test_patch": test_patch,
         "fail_to_pass": fail_to_pass,

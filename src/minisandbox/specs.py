@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -173,6 +174,14 @@ class Task(BaseModel):
         default_factory=list, description="files the test patch touches (derived when empty)"
     )
     log_parser: str = Field("pytest", description='swebench log parser name, e.g. "pytest"')
+    eval_type: Literal["pass_and_fail", "fail_only"] = Field(
+        "pass_and_fail",
+        description="swebench's grading: FAIL_TO_PASS/PASS_TO_PASS must pass, or must not fail",
+    )
+    services: list[str] = Field(
+        default_factory=list,
+        description='test-time services served on loopback inside the sandbox, e.g. "httpbin"',
+    )
     gold_patch: str = ""
     test_patch: str = ""
     bug_patch: str = Field(

@@ -1,0 +1,357 @@
+"""Evaluating a patch for a task, as SWE-bench's container harness does, in a fresh sandbox.
+
+The procedure is the harness's: write the patch, apply it with `git apply`, then the harness's
+fallbacks; run the task's eval script (the dataset's own `eval_script` when it has one: it
+resets the test files, applies the test patch and runs the tests between two markers); parse the
+test output with swebench's log parser; grade FAIL_TO_PASS / PASS_TO_PASS with swebench's
+`get_eval_tests_report`. `swebench_resolved` is exactly swebench's verdict on the same log.
+
+`resolved` is that verdict, made stricter in two places where swebench trusts what it should not
+(both are reward hacks for a policy, and neither happens for a correct patch):
+- a FAIL_TO_PASS or PASS_TO_PASS test must have *passed* (or xfailed); swebench ignores a test
+  that was skipped (all FAIL_TO_PASS tests skipped counts as resolved there);
+- the test command must have completed: it must exit 0 or 1 (tests ran, some may have failed).
+  Any other status (not found, killed, pytest's internal/usage errors, interrupted collection)
+  makes the run unresolved whatever the log claims.
+
+A timeout kills the whole process tree (the sandbox's command group) and counts as unresolved,
+with the reason. The patch never sees the network: task sandboxes have none; what a test suite
+needs (e.g. httpbin) is served inside the sandbox on loopback (see `services`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from .builder import Builder
+from .errors import CommandTimeoutError, MiniSandboxError
+from .sandbox import Sandbox
+from .services import start_services
+from .specs import Task
+
+# The harness's ways of applying a patch, in its order (swebench.harness.run_evaluation).
+APPLY_COMMANDS = (
+    "git apply --verbose",
+    "git apply --verbose --reject",
+    "patch --batch --fuzz=5 -p1 -i",
+)
+START_MARKER = ">>>>> Start Test Output"
+END_MARKER = ">>>>> End Test Output"
+# Strings the harness writes into a log when a step failed; a log holding one is not graded.
+_BAD_CODES = (
+    ">>>>> Patch Apply Failed",
+    ">>>>> Reset Failed",
+    ">>>>> Tests Errored",
+    ">>>>> Tests Timed Out",
+)
+DEFAULT_TIMEOUT = 1800.0  # the harness's default
+PATCH_PATH = "/tmp/patch.diff"
+EVAL_SCRIPT_PATH = "/eval.sh"
+_HOOK_PATH = "/tmp/.minisandbox-eval-hook.sh"
+_RC_PATH = "/tmp/.minisandbox-test-rc"
+_HEREDOC = "EOF_114329324912"  # swebench's delimiter, so generated scripts read like theirs
+# Offline pip: the eval scripts of some repositories reinstall the package (`pip install -e .`);
+# with no index and no build isolation that uses what the environment already holds instead of
+# waiting on a network the sandbox does not have.
+EVAL_ENV = {
+    "PIP_NO_INDEX": "1",
+    "PIP_NO_BUILD_ISOLATION": "0",  # pip reads this as --no-build-isolation
+    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+}
+# Sourced by bash before the eval script (BASH_ENV). Bash looks functions up before builtins, so
+# this `:` still does nothing, and the script stays byte-for-byte the published one; at the end
+# marker it records the exit status of the command before it: the test command. Its own lines are
+# kept out of the xtrace log.
+_HOOK = f"""\
+: () {{
+    {{ __msb_rc=$?; __msb_x=${{-//[^x]/}}; set +x; }} 2>/dev/null
+    if [ "${{1-}}" = '{END_MARKER}' ]; then echo "$__msb_rc" > {_RC_PATH}; fi
+    if [ -n "$__msb_x" ]; then set -x; fi
+    return 0
+}}
+"""
+
+Status = Literal["resolved", "unresolved", "error"]
+
+
+class Grade(BaseModel):
+    """What a test log says about a task's tests."""
+
+    resolved: bool
+    swebench_resolved: bool
+    tests_found: bool = Field(description="the log holds the test section between the markers")
+    reason: str = ""
+    test_results: dict[str, str] = Field(default_factory=dict, description="test → status")
+    tests_status: dict[str, dict[str, list[str]]] = Field(
+        default_factory=dict, description="swebench's FAIL_TO_PASS/PASS_TO_PASS success/failure"
+    )
+
+
+class EvalResult(BaseModel):
+    """The verdict on one patch for one task. `reward` is 1.0 when resolved, else 0.0."""
+
+    instance_id: str
+    status: Status
+    resolved: bool
+    reward: float
+    reason: str = ""
+    swebench_resolved: bool = False
+    empty_patch: bool = False
+    patch_applied: bool = False
+    apply_command: str | None = None
+    apply_output: str = ""
+    timed_out: bool = False
+    test_exit_code: int | None = None
+    test_results: dict[str, str] = Field(default_factory=dict)
+    tests_status: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
+    log: str = ""
+    duration_s: float = 0.0
+
+    def swebench_report(self, model_patch: str | None) -> dict[str, Any]:
+        """This result as swebench's per-instance `report.json`."""
+        entry: dict[str, Any] = {
+            "patch_is_None": model_patch is None,
+            "patch_exists": model_patch is not None,
+            "patch_successfully_applied": self.patch_applied,
+            "resolved": self.resolved,
+        }
+        if self.tests_status:
+            entry["tests_status"] = self.tests_status
+        return {self.instance_id: entry}
+
+
+# ---------------------------------------------------------------- grading
+
+
+def _swebench() -> SimpleNamespace:
+    try:
+        from swebench.harness import grading, log_parsers
+        from swebench.harness.constants import FAIL_ONLY_REPOS, EvalType, ResolvedStatus
+    except ImportError as e:
+        raise MiniSandboxError(
+            f"evaluation uses swebench's log parsers and grading, which did not import ({e}): "
+            "pip install 'swebench>=4.1'"
+        ) from None
+    return SimpleNamespace(
+        grading=grading,
+        log_parsers=log_parsers,
+        FAIL_ONLY_REPOS=FAIL_ONLY_REPOS,
+        EvalType=EvalType,
+        ResolvedStatus=ResolvedStatus,
+    )
+
+
+def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
+    """swebench's parser named by the task (`pytest` → `parse_log_pytest`), else its repo's."""
+    sb = _swebench()
+    name = f"parse_log_{task.log_parser.removeprefix('parse_log_')}"
+    fn = None
+    for module_name in ("python", "javascript", "go", "java", "c", "php", "ruby", "rust"):
+        module = getattr(sb.log_parsers, module_name, None)
+        if module is None:
+            try:
+                module = __import__(f"swebench.harness.log_parsers.{module_name}", fromlist=["x"])
+            except ImportError:
+                continue
+        fn = getattr(module, name, None)
+        if fn is not None:
+            break
+    if fn is None:
+        fn = sb.log_parsers.MAP_REPO_TO_PARSER.get(task.repo)
+    if fn is None:
+        raise MiniSandboxError(f"task {task.id}: swebench has no log parser {name!r}")
+    # Parsers take the test spec; the Python ones do not read it, the others read these fields.
+    spec = SimpleNamespace(
+        instance_id=task.id, repo=task.repo, version=task.version, test_cmd=task.test_cmd
+    )
+    return lambda log: fn(log, spec)
+
+
+def _passed(status: str | None) -> bool:
+    return status in ("PASSED", "XFAIL")
+
+
+def grade(task: Task, log: str, *, test_exit_code: int | None = None) -> Grade:
+    """Grade a test log as swebench's `get_logs_eval` + `get_eval_report` do, then strictly."""
+    sb = _swebench()
+    bad = [code for code in _BAD_CODES if code in log]
+    if bad:
+        return Grade(resolved=False, swebench_resolved=False, tests_found=False, reason=bad[0])
+    if START_MARKER not in log or END_MARKER not in log:
+        return Grade(
+            resolved=False,
+            swebench_resolved=False,
+            tests_found=False,
+            reason="the log has no test section: the eval script did not reach the tests",
+        )
+    parse = log_parser(task)
+    section = log.split(START_MARKER)[1].split(END_MARKER)[0]
+    results = parse(section) or parse(log)  # the harness's fallback: the whole log
+    fail_only = task.eval_type == "fail_only" or task.repo in sb.FAIL_ONLY_REPOS
+    eval_type = sb.EvalType.FAIL_ONLY if fail_only else sb.EvalType.PASS_AND_FAIL
+    gold = {"FAIL_TO_PASS": task.fail_to_pass, "PASS_TO_PASS": task.pass_to_pass}
+    report = sb.grading.get_eval_tests_report(results, gold, eval_type=eval_type)
+    swebench_resolved = sb.grading.get_resolution_status(report) == sb.ResolvedStatus.FULL.value
+    reasons = []
+    if not fail_only:
+        for kind, tests in gold.items():
+            not_passed = [t for t in tests if not _passed(results.get(t))]
+            if not_passed:
+                t = not_passed[0]
+                more = f" and {len(not_passed) - 1} more" if len(not_passed) > 1 else ""
+                reasons.append(f"{kind} {t}: {results.get(t, 'not run')}{more}")
+    elif not swebench_resolved:
+        failed = report["FAIL_TO_PASS"]["failure"] + report["PASS_TO_PASS"]["failure"]
+        reasons.append(f"failed: {', '.join(failed[:3])}")
+    if test_exit_code is not None and test_exit_code not in (0, 1):
+        reasons.append(f"the test command did not complete (exit status {test_exit_code})")
+    resolved = swebench_resolved and not reasons
+    return Grade(
+        resolved=resolved,
+        swebench_resolved=swebench_resolved,
+        tests_found=True,
+        reason="; ".join(reasons),
+        test_results=results,
+        tests_status=report,
+    )
+
+
+# ---------------------------------------------------------------- the eval script
+
+
+def make_eval_script(task: Task) -> str:
+    """The task's eval script: the dataset's own when it has one, else one of the same shape
+    (reset the test files, apply the test patch, run the tests between the markers, reset)."""
+    if task.eval_script:
+        return task.eval_script
+    if _HEREDOC in task.test_patch:
+        raise MiniSandboxError(f"task {task.id}: its test patch contains {_HEREDOC}")
+    files = " ".join(shlex.quote(f) for f in task.test_files)
+    lines = ["#!/bin/bash", "set -uxo pipefail", "cd /testbed"]
+    if files:
+        lines.append(f"git checkout {task.base_commit} {files}")
+    if task.test_patch:
+        lines += [f"git apply -v - <<'{_HEREDOC}'", task.test_patch.rstrip("\n"), _HEREDOC]
+    lines += [f": '{START_MARKER}'", task.test_cmd, f": '{END_MARKER}'"]
+    if files:
+        lines.append(f"git checkout {task.base_commit} {files}")
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- evaluating
+
+
+class Evaluator:
+    """Evaluates patches for tasks, each in a fresh sandbox of its task."""
+
+    def __init__(self, builder: Builder | None = None, *, timeout: float = DEFAULT_TIMEOUT):
+        self.builder = builder or Builder()
+        self.timeout = timeout
+
+    async def evaluate(self, task: Task, patch: str | None) -> EvalResult:
+        began = time.monotonic()
+        empty = not (patch or "").strip()
+        result = EvalResult(
+            instance_id=task.id, status="error", resolved=False, reward=0.0, empty_patch=empty
+        )
+        try:
+            async with self.builder.sandbox(task, extra_env=EVAL_ENV) as sb:
+                await self._run(sb, task, patch or "", result)
+        except MiniSandboxError as e:
+            result.status, result.reason = "error", f"{type(e).__name__}: {e}"
+        result.duration_s = round(time.monotonic() - began, 3)
+        return result
+
+    async def _run(self, sb: Sandbox, task: Task, patch: str, result: EvalResult) -> None:
+        if result.empty_patch:
+            result.patch_applied = True  # nothing to apply: the tests run on the base commit
+        elif not await self._apply(sb, patch, result):
+            result.status, result.reason = "error", "the patch does not apply"
+            return
+        script = make_eval_script(task)
+        await sb.write_file(EVAL_SCRIPT_PATH, script)
+        await sb.write_file(_HOOK_PATH, _HOOK)
+        async with start_services(sb, task) as service_env:
+            try:
+                run = await sb.execute(
+                    ["/bin/bash", EVAL_SCRIPT_PATH],
+                    cwd="/testbed",
+                    env={"BASH_ENV": _HOOK_PATH, **service_env},
+                    timeout=self.timeout,
+                    merge_stderr=True,
+                    max_output=64 << 20,
+                )
+                result.log = run.stdout
+            except CommandTimeoutError as e:
+                result.log = e.output + f"\n\nTimeout error: {self.timeout:g} seconds exceeded."
+                result.timed_out = True
+        if result.timed_out:
+            result.status = "unresolved"
+            result.reason = f"the tests timed out after {self.timeout:g} s (process tree killed)"
+            return
+        rc = await sb.execute(["cat", _RC_PATH])
+        if rc.exit_code == 0 and rc.stdout.strip().lstrip("-").isdigit():
+            result.test_exit_code = int(rc.stdout.strip())
+        g = grade(task, result.log, test_exit_code=result.test_exit_code)
+        result.resolved, result.swebench_resolved = g.resolved, g.swebench_resolved
+        result.test_results, result.tests_status = g.test_results, g.tests_status
+        result.reason = g.reason
+        result.status = "resolved" if g.resolved else "unresolved"
+        if result.empty_patch and result.resolved:
+            # The harness never counts an empty patch as resolved (it does not even run it);
+            # the tests passing anyway is worth knowing: the task is broken (see validation).
+            result.resolved = False
+            result.status = "unresolved"
+            result.reason = "empty patch (the tests pass without it: the task is not valid)"
+        result.reward = 1.0 if result.resolved else 0.0
+
+    async def _apply(self, sb: Sandbox, patch: str, result: EvalResult) -> bool:
+        await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
+        outputs = []
+        for command in APPLY_COMMANDS:
+            r = await sb.execute(f"{command} {PATCH_PATH}", cwd="/testbed", merge_stderr=True)
+            outputs.append(f"$ {command} {PATCH_PATH}\n{r.stdout}")
+            if r.exit_code == 0:
+                result.patch_applied, result.apply_command = True, command
+                break
+            # Like the harness, the next attempt starts from whatever this one left.
+        result.apply_output = "\n".join(outputs)
+        return result.patch_applied
+
+
+async def evaluate(
+    task: Task,
+    patch: str | None,
+    *,
+    builder: Builder | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+) -> EvalResult:
+    """Evaluate `patch` for `task` in a fresh sandbox: the verdict, reward, tests and log."""
+    return await Evaluator(builder, timeout=timeout).evaluate(task, patch)
+
+
+async def evaluate_many(
+    evaluator: Evaluator,
+    items: list[tuple[Task, str | None]],
+    *,
+    jobs: int = 1,
+    on_done: Callable[[EvalResult], None] | None = None,
+) -> list[EvalResult]:
+    """Evaluate several (task, patch) pairs, `jobs` at a time, in input order."""
+    gate = asyncio.Semaphore(max(1, jobs))
+
+    async def one(task: Task, patch: str | None) -> EvalResult:
+        async with gate:
+            r = await evaluator.evaluate(task, patch)
+        if on_done is not None:
+            on_done(r)
+        return r
+
+    return list(await asyncio.gather(*(one(t, p) for t, p in items)))
