@@ -65,16 +65,15 @@ EVAL_ENV = {
     "PIP_NO_BUILD_ISOLATION": "0",  # pip reads this as --no-build-isolation
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
-# Sourced by bash before the eval script (BASH_ENV). Bash looks functions up before builtins, so
-# this `:` still does nothing, and the script stays byte-for-byte the published one; at the end
-# marker it records the exit status of the command before it: the test command. Its own lines are
-# kept out of the xtrace log.
+# Sourced by bash before the eval script (BASH_ENV). Bash looks functions up before builtins,
+# so this `:` still does nothing (status 0) and the script stays byte-for-byte the published
+# one; at the end marker it records the exit status of the command before it, the test command.
+# Its own lines are kept out of the xtrace log.
 _HOOK = f"""\
 : () {{
     {{ __msb_rc=$?; __msb_x=${{-//[^x]/}}; set +x; }} 2>/dev/null
     if [ "${{1-}}" = '{END_MARKER}' ]; then echo "$__msb_rc" > {_RC_PATH}; fi
     if [ -n "$__msb_x" ]; then set -x; fi
-    return 0
 }}
 """
 

@@ -1,0 +1,221 @@
+"""Evaluation: real patches graded in real task sandboxes of the bundled examples.
+
+The edge cases are the ways a reward goes wrong: a skipped FAIL_TO_PASS test, a test name that
+is a prefix of another, a log claiming success while the test command failed, a patch that does
+not apply, a run that never ends, test files changed by the patch.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from minisandbox.builder import Builder, BuildSettings
+from minisandbox.evaluation import Evaluator, grade, make_eval_script
+from minisandbox.loaders import load_tasks
+from minisandbox.specs import Task
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def new_file_patch(path: str, text: str) -> str:
+    lines = text.splitlines()
+    body = "".join(f"+{line}\n" for line in lines)
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n{body}"
+    )
+
+
+@pytest.fixture(scope="module")
+def task() -> Task:
+    return next(t for t in load_tasks("examples") if t.id == "examples__semverkit-1")
+
+
+@pytest.fixture
+def evaluator(settings: BuildSettings, built: list) -> Evaluator:
+    return Evaluator(Builder(settings), timeout=120)
+
+
+async def test_gold_resolves_and_empty_does_not(evaluator: Evaluator, task: Task) -> None:
+    gold = await evaluator.evaluate(task, task.gold_patch)
+    assert gold.status == "resolved" and gold.reward == 1.0, gold.reason + gold.log[-2000:]
+    assert gold.swebench_resolved and gold.patch_applied and gold.test_exit_code == 0
+    assert gold.apply_command == "git apply --verbose"
+    assert set(gold.tests_status["FAIL_TO_PASS"]["success"]) == set(task.fail_to_pass)
+    report = gold.swebench_report(task.gold_patch)[task.id]
+    assert report["resolved"] and report["patch_successfully_applied"]
+
+    empty = await evaluator.evaluate(task, "")
+    assert empty.status == "unresolved" and empty.reward == 0.0 and empty.empty_patch
+    assert empty.test_exit_code == 1  # the tests ran and some failed
+    assert empty.tests_status["FAIL_TO_PASS"]["failure"] == task.fail_to_pass
+    assert "FAIL_TO_PASS" in empty.reason
+
+
+async def test_patch_that_does_not_apply_is_an_error(evaluator: Evaluator, task: Task) -> None:
+    broken = task.gold_patch.replace("-    return max(allowed)", "-    return min(allowed)")
+    r = await evaluator.evaluate(task, broken)
+    assert r.status == "error" and r.reward == 0.0 and not r.patch_applied
+    assert "does not apply" in r.reason
+    # every fallback of the harness was tried, in its order
+    assert r.apply_output.count("$ ") == 3 and "patch --batch --fuzz=5" in r.apply_output
+
+
+async def test_fuzzy_patch_applies_through_the_fallback(evaluator: Evaluator, task: Task) -> None:
+    # A context line of each hunk is off: git apply refuses both, `patch --fuzz` takes them.
+    fuzzy = task.gold_patch.replace(
+        ' """Pick the newest release of a package that satisfies a requirement."""',
+        ' """Pick the newest release of a package (docstring changed since)."""',
+    ).replace("     allowed = [v for", "     allowed = [v  for")
+    r = await evaluator.evaluate(task, fuzzy)
+    assert r.patch_applied and r.apply_command == "patch --batch --fuzz=5 -p1 -i", r.apply_output
+    assert r.status == "resolved", r.reason
+
+
+async def test_partial_reject_is_kept_as_the_harness_does(evaluator: Evaluator, task: Task) -> None:
+    # Only the first hunk is off: `git apply --reject` applies the second and fails, and the
+    # harness then runs `patch` over that half-applied tree, which fails on the second hunk.
+    fuzzy = task.gold_patch.replace(
+        ' """Pick the newest release of a package that satisfies a requirement."""',
+        ' """Pick the newest release of a package (docstring changed since)."""',
+    )
+    r = await evaluator.evaluate(task, fuzzy)
+    assert r.status == "error" and not r.patch_applied
+    assert "Rejected hunk #1" in r.apply_output and "Hunk #2 FAILED" in r.apply_output
+
+
+async def test_skipped_fail_to_pass_fails_the_instance(evaluator: Evaluator, task: Task) -> None:
+    # A conftest.py (not a test file, so the reset keeps it) that skips every test: swebench
+    # ignores skipped tests and calls this resolved; the reward must not.
+    skip_all = new_file_patch(
+        "conftest.py",
+        "import pytest\n\n\ndef pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n        item.add_marker(pytest.mark.skip(reason='nope'))\n",
+    )
+    r = await evaluator.evaluate(task, skip_all)
+    assert r.patch_applied and "5 skipped" in r.log
+    # pytest -rA reports skips by location, not by test: the tests are missing from the log
+    assert r.status == "unresolved" and r.reward == 0.0 and not r.swebench_resolved
+    assert "not run" in r.reason
+
+
+def test_skipped_test_named_in_the_log_fails_the_instance(task: Task) -> None:
+    # Runners that name skipped tests (pytest -v, django's runner): swebench ignores a skipped
+    # test, so with every FAIL_TO_PASS test skipped it calls the instance resolved.
+    t = task.model_copy(update={"fail_to_pass": ["tests/t.py::test_a"], "pass_to_pass": []})
+    g = grade(t, _log("SKIPPED tests/t.py::test_a"))
+    assert g.swebench_resolved
+    assert not g.resolved and "FAIL_TO_PASS tests/t.py::test_a: SKIPPED" in g.reason
+
+
+async def test_log_claiming_success_while_the_command_failed(
+    evaluator: Evaluator, task: Task
+) -> None:
+    # The patch prints a PASSED line for every test, then kills pytest before any test runs.
+    lines = [f"PASSED {t}" for t in task.fail_to_pass + task.pass_to_pass]
+    forge = new_file_patch(
+        "conftest.py",
+        "import os\nimport sys\n\n\ndef pytest_configure(config):\n"
+        f"    sys.stdout.write({chr(10).join(lines)!r} + '\\n')\n"
+        "    sys.stdout.flush()\n    os._exit(3)\n",
+    )
+    r = await evaluator.evaluate(task, forge)
+    assert r.test_exit_code == 3
+    assert all(r.test_results.get(t) == "PASSED" for t in task.fail_to_pass)
+    assert r.swebench_resolved  # the log alone fools the harness
+    assert r.status == "unresolved" and "did not complete (exit status 3)" in r.reason
+
+
+async def test_patched_test_files_are_reset(evaluator: Evaluator, task: Task) -> None:
+    # Rewriting the failing tests to pass does not help: the eval script restores them.
+    cheat = (
+        "diff --git a/tests/test_semverkit.py b/tests/test_semverkit.py\n"
+        "--- a/tests/test_semverkit.py\n+++ b/tests/test_semverkit.py\n"
+    )
+    r0 = await evaluator.evaluate(task, "")
+    assert r0.status == "unresolved"
+    # Build the cheat from the real file: every assert becomes `assert True`.
+    async with evaluator.builder.sandbox(task) as sb:
+        original = (await sb.read_file("/testbed/tests/test_semverkit.py")).decode()
+    lines = original.splitlines()
+    hunk = [f"@@ -1,{len(lines)} +1,{len(lines)} @@\n"]
+    for line in lines:
+        if line.strip().startswith("assert "):
+            indent = line[: len(line) - len(line.lstrip())]
+            hunk += [f"-{line}\n", f"+{indent}assert True\n"]
+        else:
+            hunk.append(f" {line}\n")
+    r = await evaluator.evaluate(task, cheat + "".join(hunk))
+    assert r.patch_applied, r.apply_output
+    assert r.status == "unresolved"
+    assert r.tests_status["FAIL_TO_PASS"]["failure"] == task.fail_to_pass
+
+
+async def test_timeout_kills_the_run_and_counts_unresolved(
+    settings: BuildSettings, built: list, task: Task
+) -> None:
+    hang = new_file_patch(
+        "conftest.py",
+        "import subprocess\nimport time\n\n\ndef pytest_configure(config):\n"
+        "    subprocess.Popen(['sleep', '1000'])\n    time.sleep(1000)\n",
+    )
+    evaluator = Evaluator(Builder(settings), timeout=3)
+    began = time.monotonic()
+    r = await evaluator.evaluate(task, hang)
+    assert time.monotonic() - began < 30
+    assert r.timed_out and r.status == "unresolved" and r.reward == 0.0
+    assert "timed out after 3 s" in r.reason and "Timeout error" in r.log
+
+
+async def test_published_swebench_script_runs_unchanged(evaluator: Evaluator, task: Task) -> None:
+    # The shape of SWE-bench's eval_script column: conda activation, a reinstall of the
+    # package, then the generated test procedure. Our venv stands in for conda's `testbed`;
+    # the reinstall works offline.
+    ours = make_eval_script(task).split("\n", 2)[2]  # without the shebang and `set` line
+    script = (
+        "#!/bin/bash\nset -uxo pipefail\nsource /opt/miniconda3/bin/activate\n"
+        "conda activate testbed\ncd /testbed\n"
+        "git config --global --add safe.directory /testbed\n"
+        "python -m pip install -e .\n" + ours
+    )
+    swebench_task = task.model_copy(update={"eval_script": script})
+    r = await evaluator.evaluate(swebench_task, swebench_task.gold_patch)
+    assert r.status == "resolved", r.reason + r.log[-3000:]
+    assert "Successfully installed semverkit" in r.log
+    assert "conda activate testbed" in r.log
+    assert "+ return" not in r.log  # the exit-status hook leaves no trace in the log
+
+
+# ---------------------------------------------------------------- grading a log
+
+
+def _log(body: str) -> str:
+    return f"+ : '>>>>> Start Test Output'\n{body}\n+ : '>>>>> End Test Output'\n"
+
+
+def test_test_names_match_exactly_never_by_prefix(task: Task) -> None:
+    t = task.model_copy(update={"fail_to_pass": ["tests/t.py::test_a"], "pass_to_pass": []})
+    g = grade(t, _log("PASSED tests/t.py::test_ab\nPASSED tests/t.py::test_a_b"))
+    assert not g.resolved and not g.swebench_resolved
+    assert g.tests_status["FAIL_TO_PASS"]["failure"] == ["tests/t.py::test_a"]
+    g = grade(t, _log("PASSED tests/t.py::test_ab\nPASSED tests/t.py::test_a"))
+    assert g.resolved
+
+
+def test_log_without_the_test_section_is_not_graded(task: Task) -> None:
+    t = task.model_copy(update={"fail_to_pass": ["tests/t.py::test_a"], "pass_to_pass": []})
+    g = grade(t, "PASSED tests/t.py::test_a\n")
+    assert not g.resolved and not g.tests_found and "no test section" in g.reason
+    g = grade(t, ">>>>> Tests Timed Out\n" + _log("PASSED tests/t.py::test_a"))
+    assert not g.resolved and not g.tests_found
+
+
+def test_xfail_counts_as_passed_and_missing_as_failed(task: Task) -> None:
+    t = task.model_copy(
+        update={"fail_to_pass": ["tests/t.py::test_a"], "pass_to_pass": ["tests/t.py::test_b"]}
+    )
+    assert grade(t, _log("XFAIL tests/t.py::test_a\nPASSED tests/t.py::test_b")).resolved
+    g = grade(t, _log("PASSED tests/t.py::test_a"))
+    assert not g.resolved and g.tests_status["PASS_TO_PASS"]["failure"] == ["tests/t.py::test_b"]
