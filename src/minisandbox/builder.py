@@ -24,7 +24,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
@@ -35,9 +35,13 @@ from .errors import MiniSandboxError
 from .nodecache import NodeCache
 from .runtime import remove_tree
 from .sandbox import Sandbox
+from .services import tools_layers
 from .specs import Task
 from .store import LayerStore
 from .toolchains import Interpreter, find_interpreter
+
+if TYPE_CHECKING:
+    from .validation import Validation
 
 VENV = "/opt/venv"
 DEFAULT_IO_BUDGET = 2 * GiB
@@ -120,6 +124,13 @@ class BuildSettings(BaseModel):
     )
     git_url_template: str = "https://github.com/{repo}.git"
     cache_max_bytes: int = 100 * GiB
+    # Sandboxes refuse a task without a passing validation (`minisandbox build --validate`).
+    require_validated: bool = Field(
+        default_factory=lambda: (
+            os.environ.get("MINISANDBOX_REQUIRE_VALIDATED", "").strip().lower()
+            not in ("", "0", "false", "no")
+        )
+    )
 
     @property
     def logs(self) -> Path:
@@ -156,6 +167,7 @@ class Builder:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._interpreters: dict[str, Interpreter] = {}
+        self.require_validated = self.settings.require_validated
 
     # ---------------------------------------------------------------- keys
 
@@ -188,6 +200,13 @@ class Builder:
             return None
         task_layer = self.store.resolve(self.task_ref(task, env_layer))
         return (env_layer, task_layer) if task_layer else None
+
+    def validation(self, task: Task) -> Validation | None:
+        """The task's recorded validation (see `validation`), None when there is none for its
+        current layers and test spec."""
+        from .validation import read_validation
+
+        return read_validation(self, task)
 
     # ---------------------------------------------------------------- building
 
@@ -431,12 +450,19 @@ class Builder:
         *,
         build: bool = True,
         extra_env: dict[str, str] | None = None,
+        require_validated: bool | None = None,
         **overrides: object,
     ) -> AsyncIterator[Sandbox]:
         """A sandbox of the task: its layers made present in the node cache (once per node,
         under the I/O budget), the repository at /testbed, its venv active, its interpreter
         mounted, SWE-bench's conda activation provided. Builds the layers first when missing
-        and `build` is true. `extra_env` is added to the task's environment variables."""
+        and `build` is true. `extra_env` is added to the task's environment variables.
+        `require_validated` (default: the settings') refuses a task without a passing
+        validation."""
+        if self.require_validated if require_validated is None else require_validated:
+            from .validation import check_validated
+
+            check_validated(self, task)
         layers = self.layers_of(task)
         if layers is None:
             if not build:
@@ -447,10 +473,12 @@ class Builder:
             layers = (result.env_layer, result.task_layer)  # type: ignore[assignment]
         interp = self.interpreter(task)
         compat = compat_layer(self.settings.cache / "compat", self.cache.owner)
-        async with self.cache.use(list(layers)) as paths:
+        # The tools environments of the task's test services (services.py), on top.
+        tools, tool_paths = await tools_layers(self, task)
+        async with self.cache.use([*layers, *tools]) as paths:
             config = SandboxConfig(
                 layers=[compat, *paths],
-                ro_paths=[interp.prefix],
+                ro_paths=sorted({interp.prefix, *tool_paths}),
                 venv=VENV,
                 workdir="/testbed",
                 env={**task.env.env, **(extra_env or {})},

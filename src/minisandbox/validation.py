@@ -1,0 +1,176 @@
+"""Validating a task: its gold patch must resolve it, and the empty patch must not.
+
+A task that fails either check gives a wrong reward whatever the agent does (a broken
+environment, a test spec that does not match the repository, tests that pass on the base
+commit). The verdict is recorded in the store, on the task layer's meta, so every node and
+process sees it. It is keyed by the task id and by a hash of what it depends on (the test patch,
+the gold patch, FAIL_TO_PASS/PASS_TO_PASS, the eval script and test command, the grading): two
+tasks can share one task layer, and a task whose test spec changes needs a new verdict. A
+rebuilt layer is a new layer, with no verdict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, Field
+
+from .errors import MiniSandboxError
+
+if TYPE_CHECKING:
+    from .builder import Builder
+    from .evaluation import EvalResult
+    from .specs import Task
+
+# Bump when what a verdict means changes (the evaluator's procedure or the checks below).
+_FORMAT = 1
+META_KEY = "validations"
+
+
+class TaskNotValidatedError(MiniSandboxError):
+    """A sandbox was asked for a task without a passing validation, and one is required."""
+
+
+class Check(BaseModel):
+    """One of the two evaluations a validation runs."""
+
+    status: str
+    resolved: bool
+    swebench_resolved: bool
+    reason: str = ""
+    duration_s: float = 0.0
+
+
+class Validation(BaseModel):
+    """The verdict on a task: `valid` when the gold patch resolves it and the empty one does
+    not. `reason` says what failed."""
+
+    task: str
+    key: str
+    valid: bool
+    reason: str = ""
+    gold: Check
+    empty: Check
+    # FAIL_TO_PASS tests that pass without the patch: allowed (the task is still not resolved
+    # without it) but worth knowing; SWE-bench's own datasets have a few.
+    fail_to_pass_passing_without_patch: list[str] = Field(default_factory=list)
+    validated_at: float = 0.0
+
+
+def validation_key(task: Task) -> str:
+    """A hash of everything a task's verdict depends on besides its layers."""
+    from .evaluation import make_eval_script
+
+    try:
+        script = make_eval_script(task)
+    except MiniSandboxError as e:  # such a task cannot be evaluated; its verdict says so
+        script = f"error: {e}"
+    spec = {
+        "format": _FORMAT,
+        "test_patch": task.test_patch,
+        "gold_patch": task.gold_patch,
+        "fail_to_pass": task.fail_to_pass,
+        "pass_to_pass": task.pass_to_pass,
+        "eval_script": script,
+        "test_cmd": task.test_cmd,
+        "log_parser": task.log_parser,
+        "eval_type": task.eval_type,
+        "services": task.services,
+    }
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+
+
+def _records(meta: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    records = (meta or {}).get(META_KEY)
+    return records if isinstance(records, dict) else {}
+
+
+def read_validation(builder: Builder, task: Task) -> Validation | None:
+    """The recorded verdict for the task as it is now, or None."""
+    layers = builder.layers_of(task)
+    if layers is None:
+        return None
+    entry = _records(builder.store.meta(layers[1])).get(task.id, {}).get(validation_key(task))
+    return Validation.model_validate(entry) if entry else None
+
+
+def check_validated(builder: Builder, task: Task) -> None:
+    """Raise TaskNotValidatedError unless the task has a passing validation."""
+    v = read_validation(builder, task)
+    if v is not None and v.valid:
+        return
+    why = "has no validation" if v is None else f"failed validation ({v.reason})"
+    raise TaskNotValidatedError(
+        f"task {task.id} {why}, and a passing one is required (require_validated / "
+        "MINISANDBOX_REQUIRE_VALIDATED). Validate it with "
+        f"`minisandbox build <tasks> --validate -i {task.id}`"
+    )
+
+
+def _check(r: EvalResult) -> Check:
+    return Check(
+        status=r.status,
+        resolved=r.resolved,
+        swebench_resolved=r.swebench_resolved,
+        reason=r.reason,
+        duration_s=r.duration_s,
+    )
+
+
+def judge(task: Task, gold: EvalResult, empty: EvalResult) -> Validation:
+    """The verdict from the gold patch's and the empty patch's evaluations."""
+    reasons = []
+    if not gold.resolved:
+        reasons.append(f"the gold patch does not resolve it ({gold.status}: {gold.reason})")
+    if empty.status == "error":
+        reasons.append(f"the empty patch could not be evaluated ({empty.reason})")
+    elif empty.swebench_resolved:  # an empty patch's result is never `resolved`: ask swebench
+        reasons.append("the tests pass without a patch")
+    passing = [t for t in task.fail_to_pass if empty.test_results.get(t) in ("PASSED", "XFAIL")]
+    return Validation(
+        task=task.id,
+        key=validation_key(task),
+        valid=not reasons,
+        reason="; ".join(reasons),
+        gold=_check(gold),
+        empty=_check(empty),
+        fail_to_pass_passing_without_patch=passing,
+        validated_at=time.time(),
+    )
+
+
+async def validate(
+    builder: Builder, task: Task, *, timeout: float | None = None, force: bool = False
+) -> Validation:
+    """Evaluate the task's gold and empty patches (unless a verdict for it as it is now is
+    recorded and not `force`), record the verdict on its task layer and return it. The task
+    must be built."""
+    from .evaluation import DEFAULT_TIMEOUT, Evaluator
+
+    if not force and (known := read_validation(builder, task)) is not None:
+        return known
+    layers = builder.layers_of(task)
+    if layers is None:
+        raise MiniSandboxError(f"task {task.id} is not built; build it before validating")
+    # Validating is what makes a task acceptable: its own sandboxes cannot require it.
+    unchecked = copy.copy(builder)
+    unchecked.require_validated = False
+    evaluator = Evaluator(unchecked, timeout=timeout or DEFAULT_TIMEOUT)
+    gold, empty = await asyncio.gather(
+        evaluator.evaluate(task, task.gold_patch), evaluator.evaluate(task, "")
+    )
+    verdict = judge(task, gold, empty)
+    layer = layers[1]
+    # Read-modify-write of the layer's meta: one writer at a time across processes.
+    async with builder._lock(f"meta/{layer}"):
+        meta = dict(builder.store.meta(layer) or {})
+        records = _records(meta)
+        records.setdefault(task.id, {})[verdict.key] = verdict.model_dump(mode="json")
+        meta[META_KEY] = records
+        builder.store.set_meta(layer, meta)
+    return verdict
