@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -17,11 +18,17 @@ from typing import TYPE_CHECKING
 import typer
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
+    from rich.console import Console
+    from rich.progress import Progress
+
     from .builder import Builder, BuildResult
     from .config import SandboxConfig
+    from .evaluation import EvalResult
+    from .predictions import Prediction
     from .sandbox import Sandbox
     from .specs import Task
     from .store import LayerStore
+    from .validation import Validation
 
 app = typer.Typer(
     add_completion=False,
@@ -419,7 +426,15 @@ def build(
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
     envs_dir: Path = EnvsOpt,
-    force: bool = typer.Option(False, "--force", help="Rebuild layers already in the store."),
+    force: bool = typer.Option(
+        False, "--force", help="Rebuild layers already in the store (and re-validate)."
+    ),
+    validate: bool = typer.Option(
+        False,
+        "--validate",
+        help="Then check each task: its gold patch must resolve it, the empty patch must not. "
+        "The verdict is recorded in the store; exit 1 when a task fails.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
 ) -> None:
     """Build the environment and task layers of a dataset's tasks into the layer store.
@@ -431,41 +446,56 @@ def build(
     try:
         loaded = _load(tasks, envs_dir, ids)
         builder = _builder(tasks, store, cache, mirror)
-        results = asyncio.run(_build_all(builder, loaded, jobs, force, quiet=json_out))
+
+        async def run() -> tuple[list[BuildResult], dict[str, Validation]]:
+            results = await _build_all(builder, loaded, jobs, force, quiet=json_out)
+            verdicts: dict[str, Validation] = {}
+            if validate:
+                ok = [t for t, r in zip(loaded, results, strict=True) if r.status != "failed"]
+                verdicts = await _validate_all(builder, ok, jobs, force, quiet=json_out)
+            return results, verdicts
+
+        results, verdicts = asyncio.run(run())
     except MiniSandboxError as e:
         _fail(str(e))
+    if not json_out:
+        _build_table(results, verdicts if validate else None)
     failed = [r for r in results if r.status == "failed"]
+    invalid = sorted(i for i, v in verdicts.items() if not v.valid)
     if json_out:
-        typer.echo(
-            json.dumps(
-                {
-                    "total": len(results),
-                    "built": [r.task_id for r in results if r.status == "built"],
-                    "cached": [r.task_id for r in results if r.status == "cached"],
-                    "failed": {r.task_id: r.error for r in failed},
-                }
-            )
-        )
-    raise typer.Exit(1 if failed else 0)
+        summary: dict[str, object] = {
+            "total": len(results),
+            "built": [r.task_id for r in results if r.status == "built"],
+            "cached": [r.task_id for r in results if r.status == "cached"],
+            "failed": {r.task_id: r.error for r in failed},
+        }
+        if validate:
+            summary["valid"] = sorted(i for i, v in verdicts.items() if v.valid)
+            summary["invalid"] = {i: verdicts[i].reason for i in invalid}
+        typer.echo(json.dumps(summary))
+    raise typer.Exit(1 if failed or invalid else 0)
 
 
-async def _build_all(
-    builder: Builder, tasks: list[Task], jobs: int, force: bool, quiet: bool
-) -> list[BuildResult]:
-    from rich.console import Console
+def _progress(console: Console, quiet: bool) -> Progress:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
-    console = Console(stderr=quiet)
-    limit = asyncio.Semaphore(max(1, jobs))
-    with Progress(
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),
         TimeElapsedColumn(),
         console=console,
         disable=quiet,
-    ) as progress:
+    )
+
+
+async def _build_all(
+    builder: Builder, tasks: list[Task], jobs: int, force: bool, quiet: bool
+) -> list[BuildResult]:
+    from rich.console import Console
+
+    limit = asyncio.Semaphore(max(1, jobs))
+    with _progress(Console(stderr=quiet), quiet) as progress:
         overall = progress.add_task("building", total=len(tasks))
 
         async def one(task: Task) -> BuildResult:
@@ -474,17 +504,239 @@ async def _build_all(
             progress.advance(overall)
             return result
 
-        results = await asyncio.gather(*(one(t) for t in tasks))
-    if not quiet:
-        table = Table(title="build summary")
-        for col in ("task", "status", "seconds", "detail"):
-            table.add_column(col)
-        for r in results:
-            colour = {"built": "green", "cached": "cyan", "failed": "red"}[r.status]
-            detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]
-            table.add_row(r.task_id, f"[{colour}]{r.status}[/{colour}]", f"{r.seconds:.1f}", detail)
-        console.print(table)
-    return results
+        return list(await asyncio.gather(*(one(t) for t in tasks)))
+
+
+async def _validate_all(
+    builder: Builder, tasks: list[Task], jobs: int, force: bool, quiet: bool
+) -> dict[str, Validation]:
+    from rich.console import Console
+
+    from .errors import MiniSandboxError
+    from .validation import validate
+
+    limit = asyncio.Semaphore(max(1, jobs))
+    verdicts: dict[str, Validation] = {}
+    with _progress(Console(stderr=quiet), quiet) as progress:
+        overall = progress.add_task("validating", total=len(tasks))
+
+        async def one(task: Task) -> None:
+            async with limit:
+                try:
+                    verdicts[task.id] = await validate(builder, task, force=force)
+                except MiniSandboxError as e:
+                    verdicts[task.id] = _unvalidated(task, str(e))
+            progress.advance(overall)
+
+        await asyncio.gather(*(one(t) for t in tasks))
+    return verdicts
+
+
+def _unvalidated(task: Task, reason: str) -> Validation:
+    from .validation import Check, Validation, validation_key
+
+    none = Check(status="error", resolved=False, swebench_resolved=False, reason=reason)
+    return Validation(
+        task=task.id, key=validation_key(task), valid=False, reason=reason, gold=none, empty=none
+    )
+
+
+def _build_table(results: list[BuildResult], verdicts: dict[str, Validation] | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="build summary")
+    columns = ["task", "status", "seconds", "detail"]
+    for col in [*columns, "validation"] if verdicts is not None else columns:
+        table.add_column(col)
+    for r in results:
+        colour = {"built": "green", "cached": "cyan", "failed": "red"}[r.status]
+        detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]
+        row = [r.task_id, f"[{colour}]{r.status}[/{colour}]", f"{r.seconds:.1f}", detail]
+        if verdicts is not None:
+            v = verdicts.get(r.task_id)
+            row.append(
+                "-"
+                if v is None
+                else "[green]valid[/green]"
+                if v.valid
+                else f"[red]invalid[/red]: {v.reason[:160]}"
+            )
+        table.add_row(*row)
+    Console().print(table)
+
+
+@app.command(name="eval")
+def eval_(
+    tasks: str = TasksArg,
+    predictions: str = typer.Option(
+        ...,
+        "--predictions",
+        "-p",
+        help="SWE-bench predictions (instance_id, model_name_or_path, model_patch) as a .json "
+        "list or object keyed by instance id, or .jsonl; or `gold` (each task's gold patch) or "
+        "`empty` (no patch).",
+    ),
+    ids: list[str] = IdsOpt,
+    jobs: int = typer.Option(2, "--jobs", "-j", help="Instances built and evaluated at once."),
+    report: Path = typer.Option(
+        None,
+        "--report",
+        help="Directory of the reports, laid out as SWE-bench's (default: "
+        "logs/run_evaluation/<run id>).",
+    ),
+    run_id: str = typer.Option("minisandbox", "--run-id", help="Names the run's summary file."),
+    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds the tests may take."),
+    store: Path = StoreOpt,
+    cache: Path = CacheOpt,
+    mirror: Path = MirrorOpt,
+    envs_dir: Path = EnvsOpt,
+    json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+) -> None:
+    """Evaluate predicted patches as SWE-bench's harness does, each in a fresh task sandbox.
+
+    Only tasks with a prediction are evaluated (their layers are built first when missing).
+    Writes SWE-bench's per-instance report.json, test_output.txt and patch.diff under
+    --report/<model>/<instance_id>/, and its run summary at --report/<model>.<run id>.json.
+    Exits 0 whatever the verdicts; 2 on bad input."""
+    from .errors import MiniSandboxError
+    from .loaders import TaskNotFoundError
+    from .predictions import SPECIAL, PredictionsError, load_predictions, special_predictions
+
+    try:
+        if predictions in SPECIAL:
+            loaded = _load(tasks, envs_dir, ids)
+            preds = special_predictions(predictions, loaded)
+        else:
+            preds = load_predictions(Path(predictions))
+            if ids:
+                preds = {i: p for i, p in preds.items() if i in set(ids)}
+            if not preds:
+                raise PredictionsError(f"{predictions}: no predictions to evaluate")
+            try:
+                loaded = _load(tasks, envs_dir, ids or list(preds))
+            except TaskNotFoundError as e:
+                if ids:
+                    raise  # an --instance-ids problem
+                # Name the first unknown one where the file has it (the loader lists them all).
+                unknown = [p for i, p in preds.items() if re.search(rf"\b{re.escape(i)}\b", str(e))]
+                where = unknown[0].where if unknown else predictions
+                raise PredictionsError(
+                    f"{where}: a prediction for an unknown instance ({e})"
+                ) from None
+        if not preds:
+            raise PredictionsError(f"no tasks to evaluate in {tasks}")
+        builder = _builder(tasks, store, cache, mirror)
+        report_dir = report or Path("logs") / "run_evaluation" / run_id
+        results = asyncio.run(
+            _eval_all(builder, loaded, preds, report_dir, jobs, timeout, quiet=json_out)
+        )
+    except MiniSandboxError as e:
+        _fail(str(e))
+    _eval_summary(loaded, preds, results, report_dir, run_id, json_out)
+
+
+async def _eval_all(
+    builder: Builder,
+    tasks: list[Task],
+    preds: dict[str, Prediction],
+    report_dir: Path,
+    jobs: int,
+    timeout: float,
+    quiet: bool,
+) -> dict[str, EvalResult]:
+    from rich.console import Console
+
+    from .evaluation import EvalResult, Evaluator, evaluate_many
+    from .predictions import write_instance_report
+
+    todo = [t for t in tasks if t.id in preds]
+    builds = await _build_all(builder, todo, jobs, False, quiet=quiet)
+    results: dict[str, EvalResult] = {}
+    ready = []
+    for t, b in zip(todo, builds, strict=True):
+        if b.status == "failed":
+            reason = f"building the task failed: {(b.error or '').splitlines()[0][:300]}"
+            results[t.id] = EvalResult(
+                instance_id=t.id, status="error", resolved=False, reward=0.0, reason=reason
+            )
+        else:
+            ready.append(t)
+    by_id = {t.id: t for t in todo}
+    for r in results.values():
+        write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+    with _progress(Console(stderr=quiet), quiet) as progress:
+        overall = progress.add_task("evaluating", total=len(todo), completed=len(results))
+
+        def done(r: EvalResult) -> None:
+            write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+            progress.advance(overall)
+
+        evaluated = await evaluate_many(
+            Evaluator(builder, timeout=timeout),
+            [(t, preds[t.id].model_patch) for t in ready],
+            jobs=jobs,
+            on_done=done,
+        )
+    results.update({r.instance_id: r for r in evaluated})
+    return {t.id: results[t.id] for t in todo}  # in the dataset's order
+
+
+def _eval_summary(
+    tasks: list[Task],
+    preds: dict[str, Prediction],
+    results: dict[str, EvalResult],
+    report_dir: Path,
+    run_id: str,
+    json_out: bool,
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .predictions import model_dir, run_report
+
+    model = next(iter(preds.values())).model_name_or_path
+    summary_path = report_dir / f"{model_dir(model)}.{run_id}.json"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    summary_path.write_text(json.dumps(run_report(tasks, preds, results), indent=4) + "\n")
+    by_status = {
+        s: [i for i, r in results.items() if r.status == s]
+        for s in ("resolved", "unresolved", "error")
+    }
+    if json_out:
+        typer.echo(
+            json.dumps(
+                {
+                    "total": len(results),
+                    "resolved": len(by_status["resolved"]),
+                    "resolved_ids": by_status["resolved"],
+                    "unresolved_ids": by_status["unresolved"],
+                    "error_ids": by_status["error"],
+                    "empty_patch_ids": [i for i, r in results.items() if r.empty_patch],
+                    "rewards": {i: r.reward for i, r in results.items()},
+                    "reasons": {i: r.reason for i, r in results.items() if r.reason},
+                    "model": model,
+                    "report": str(summary_path),
+                }
+            )
+        )
+        return
+    console = Console()
+    table = Table(title=f"evaluation of {model}")
+    for col in ("instance", "status", "reward", "seconds", "reason"):
+        table.add_column(col)
+    for i, r in results.items():
+        colour = {"resolved": "green", "unresolved": "yellow", "error": "red"}[r.status]
+        reason = r.reason.splitlines()[0][:160] if r.reason else ""
+        table.add_row(
+            i, f"[{colour}]{r.status}[/{colour}]", f"{r.reward:g}", f"{r.duration_s:.1f}", reason
+        )
+    console.print(table)
+    console.print(
+        f"resolved {len(by_status['resolved'])}/{len(results)}, unresolved "
+        f"{len(by_status['unresolved'])}, error {len(by_status['error'])}; "
+        f"reports in {report_dir}, summary {summary_path}"
+    )
 
 
 cache_app = typer.Typer(no_args_is_help=True, help="Inspect and tidy the layer store.")

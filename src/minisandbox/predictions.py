@@ -1,0 +1,204 @@
+"""Predictions in SWE-bench's format, and evaluation reports in its harness's layout.
+
+A prediction is `{"instance_id", "model_name_or_path", "model_patch"}`. A predictions file is a
+JSON list of them, a JSON object keyed by instance id (SWE-agent's), or JSONL. `gold` and `empty`
+stand for each task's gold patch and for no patch.
+
+Reports are laid out as the harness's `logs/run_evaluation/<run_id>`: per instance
+`<model>/<instance_id>/{report.json, test_output.txt, patch.diff, eval.sh, run_instance.log}`,
+and a run summary as its `make_run_report` writes it. As there, an instance whose evaluation
+errored (e.g. the patch does not apply) has no report.json, and an empty patch is counted apart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .errors import MiniSandboxError
+from .evaluation import EvalResult, make_eval_script
+from .specs import Task
+
+SPECIAL = ("gold", "empty")
+
+
+class PredictionsError(MiniSandboxError):
+    """A predictions file that cannot be read; the message names the file, line and field."""
+
+
+class Prediction(BaseModel):
+    instance_id: str
+    model_name_or_path: str
+    model_patch: str | None
+    where: str = Field("", exclude=True, description="file and line or entry it came from")
+
+
+def _entry(value: Any, where: str, key: str | None = None) -> Prediction:
+    if not isinstance(value, dict):
+        raise PredictionsError(f"{where}: expected an object, got {type(value).__name__}")
+    if key is not None and "instance_id" not in value:
+        value = {**value, "instance_id": key}
+    for field in ("instance_id", "model_name_or_path"):
+        if not isinstance(value.get(field), str) or not value[field]:
+            got = "missing" if field not in value else f"got {value[field]!r}"
+            raise PredictionsError(f"{where}: field {field!r}: expected a string, {got}")
+    if "model_patch" not in value:
+        raise PredictionsError(f"{where}: field 'model_patch' is missing")
+    if value["model_patch"] is not None and not isinstance(value["model_patch"], str):
+        raise PredictionsError(
+            f"{where}: field 'model_patch': expected a string or null, "
+            f"got {type(value['model_patch']).__name__}"
+        )
+    if key is not None and value["instance_id"] != key:
+        raise PredictionsError(
+            f"{where}: field 'instance_id' is {value['instance_id']!r}, but its key is {key!r}"
+        )
+    return Prediction(
+        instance_id=value["instance_id"],
+        model_name_or_path=value["model_name_or_path"],
+        model_patch=value["model_patch"],
+        where=where,
+    )
+
+
+def load_predictions(path: Path) -> dict[str, Prediction]:
+    """Predictions by instance id, in the file's order. Raises PredictionsError naming the
+    file, line (JSONL) or entry (JSON) and field of the first problem, and duplicate ids."""
+    suffix = path.suffix.lower()
+    if suffix not in (".json", ".jsonl"):
+        raise PredictionsError(f"{path}: a predictions file is .json or .jsonl")
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PredictionsError(f"{path}: {e.strerror or e}") from None
+    entries: list[tuple[str, Prediction]] = []
+    if suffix == ".jsonl":
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise PredictionsError(f"{where}: not JSON ({e.msg}, column {e.colno})") from None
+            entries.append((where, _entry(value, where)))
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PredictionsError(f"{path}:{e.lineno}: not JSON ({e.msg})") from None
+        if isinstance(data, list):
+            for i, value in enumerate(data):
+                where = f"{path}: entry {i}"
+                entries.append((where, _entry(value, where)))
+        elif isinstance(data, dict):
+            for key, value in data.items():
+                where = f"{path}: entry {key!r}"
+                entries.append((where, _entry(value, where, key)))
+        else:
+            raise PredictionsError(
+                f"{path}: expected a list of predictions or an object keyed by instance id"
+            )
+    out: dict[str, Prediction] = {}
+    for where, p in entries:
+        if p.instance_id in out:
+            raise PredictionsError(f"{where}: a second prediction for {p.instance_id!r}")
+        out[p.instance_id] = p
+    return out
+
+
+def special_predictions(kind: str, tasks: list[Task]) -> dict[str, Prediction]:
+    """`gold`: each task's gold patch; `empty`: no patch. The model is named after the kind."""
+    return {
+        t.id: Prediction(
+            instance_id=t.id,
+            model_name_or_path=kind,
+            model_patch=t.gold_patch if kind == "gold" else "",
+        )
+        for t in tasks
+    }
+
+
+def model_dir(model: str) -> str:
+    return model.replace("/", "__")  # as the harness names it
+
+
+def write_instance_report(
+    report_dir: Path, task: Task, prediction: Prediction, result: EvalResult
+) -> Path:
+    """The harness's per-instance files; report.json only when the evaluation completed."""
+    out = report_dir / model_dir(prediction.model_name_or_path) / task.id
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "patch.diff").write_text(prediction.model_patch or "")
+    (out / "test_output.txt").write_text(result.log)
+    try:
+        (out / "eval.sh").write_text(make_eval_script(task))
+    except MiniSandboxError:
+        pass  # the evaluation failed on it too; its reason is in run_instance.log
+    report = out / "report.json"
+    if result.status == "error":
+        report.unlink(missing_ok=True)  # a stale one from an earlier run would count
+    else:
+        report.write_text(json.dumps(result.swebench_report(prediction.model_patch), indent=4))
+    lines = [
+        f"instance: {task.id}",
+        f"model: {prediction.model_name_or_path}",
+        f"status: {result.status}",
+        f"reward: {result.reward}",
+        f"reason: {result.reason}",
+        f"swebench_resolved: {result.swebench_resolved}",
+        f"patch applied: {result.patch_applied} ({result.apply_command or '-'})",
+        f"test exit code: {result.test_exit_code}",
+        f"timed out: {result.timed_out}",
+        f"duration: {result.duration_s} s",
+        "",
+        result.apply_output,
+    ]
+    (out / "run_instance.log").write_text("\n".join(lines) + "\n")
+    return out
+
+
+def run_report(
+    tasks: list[Task], predictions: dict[str, Prediction], results: dict[str, EvalResult]
+) -> dict[str, Any]:
+    """The run summary of the harness's `make_run_report`, from the results (what it would
+    compute from the report directory). `tasks` is the dataset (after any id filter)."""
+    completed, resolved, unresolved, errors, empty, incomplete = (set[str]() for _ in range(6))
+    for t in tasks:
+        p = predictions.get(t.id)
+        if p is None or t.id not in results:
+            incomplete.add(t.id)
+            continue
+        if p.model_patch in ("", None):
+            empty.add(t.id)
+            continue
+        r = results[t.id]
+        if r.status == "error":
+            errors.add(t.id)
+            continue
+        completed.add(t.id)
+        (resolved if r.resolved else unresolved).add(t.id)
+    return {
+        "total_instances": len(tasks),
+        "submitted_instances": len(predictions),
+        "completed_instances": len(completed),
+        "resolved_instances": len(resolved),
+        "unresolved_instances": len(unresolved),
+        "empty_patch_instances": len(empty),
+        "error_instances": len(errors),
+        "completed_ids": sorted(completed),
+        "incomplete_ids": sorted(incomplete),
+        "empty_patch_ids": sorted(empty),
+        "submitted_ids": sorted(predictions),
+        "resolved_ids": sorted(resolved),
+        "unresolved_ids": sorted(unresolved),
+        "error_ids": sorted(errors),
+        "schema_version": 2,
+        # The harness adds these (about Docker) when it has no Docker client: none here.
+        "unstopped_instances": 0,
+        "unstopped_containers": [],
+        "unremoved_images": [],
+    }
