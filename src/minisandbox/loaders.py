@@ -26,12 +26,17 @@ __all__ = [
     "CONDA_TO_PYPI",
     "EvalScriptParts",
     "MissingDependencyError",
+    "RecipeOverride",
     "TaskFormatError",
     "TaskNotFoundError",
+    "apply_recipe_overrides",
     "conda_env_to_recipe",
     "conda_only_packages",
+    "load_recipe_overrides",
     "load_tasks",
     "parse_eval_script",
+    "recipe_overrides",
+    "version_matches",
 ]
 
 
@@ -524,6 +529,7 @@ def _swebench_task(
         )
 
     recipe = recipe.model_copy(update={"env": env_vars, "skipped": skipped})
+    recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
     data = {
         "id": iid,
         "repo": repo,
@@ -545,6 +551,7 @@ def _swebench_task(
         "image": _text(record, "image", where) or None,
         "environment_setup_commit": _text(record, "environment_setup_commit", where) or None,
         "source": source,
+        "services": services,
     }
     return _validate_task(data, where)
 
@@ -790,6 +797,147 @@ def conda_env_to_recipe(path: str | Path) -> EnvRecipe:
         )
     except ValidationError as exc:
         raise where.from_validation(exc) from None
+
+
+# --------------------------------------------------------------------------- recipe overrides
+
+
+class RecipeOverride(BaseModel):
+    """One entry of data/recipe_overrides.yaml (docs/recipes.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    repo: str
+    version: str | None = None  # "2.0", or comparisons joined by commas: ">=1.0,<2.9"
+    services: list[str] = []
+    pins: dict[str, str] = {}
+    drop: list[str] = []
+    env: dict[str, str] = {}
+    note: str = ""
+
+    def matches(self, repo: str, version: str | None) -> bool:
+        if repo != self.repo:
+            return False
+        if self.version is None:
+            return True
+        return version is not None and version_matches(version, self.version)
+
+
+_VERSION_CLAUSE = re.compile(r"^\s*(==|!=|<=|>=|<|>)?\s*(\d+(?:\.\d+)*)\s*$")
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    m = re.match(r"^\s*(\d+(?:\.\d+)*)", version)
+    if not m:
+        return None
+    parts = [int(p) for p in m.group(1).split(".")]
+    while len(parts) > 1 and parts[-1] == 0:  # 2.0 == 2
+        parts.pop()
+    return tuple(parts)
+
+
+def version_matches(version: str, spec: str) -> bool:
+    """Whether a dataset version ("2.3") satisfies `spec`: "2.3", or clauses like ">=1.0,<2.9"
+    that must all hold. Versions compare numerically, part by part."""
+    have = _version_tuple(version)
+    if have is None:
+        return False
+    for clause in spec.split(","):
+        m = _VERSION_CLAUSE.match(clause)
+        if not m:
+            raise ValueError(f"{spec!r}: {clause!r} is not a version comparison like '<2.9'")
+        op, want = m.group(1) or "==", _version_tuple(m.group(2))
+        assert want is not None
+        ok = {
+            "==": have == want,
+            "!=": have != want,
+            "<": have < want,
+            "<=": have <= want,
+            ">": have > want,
+            ">=": have >= want,
+        }[op]
+        if not ok:
+            return False
+    return True
+
+
+def load_recipe_overrides(path: str | Path) -> tuple[RecipeOverride, ...]:
+    """Read and check an overrides file (a mapping with an `overrides` list)."""
+    path = Path(path)
+    return _parse_overrides(_yaml_load(path), str(path))
+
+
+@functools.cache
+def recipe_overrides() -> tuple[RecipeOverride, ...]:
+    """The bundled overrides (data/recipe_overrides.yaml)."""
+    text = (resources.files("minisandbox") / "data" / "recipe_overrides.yaml").read_text(
+        encoding="utf-8"
+    )
+    yaml = _yaml_module()
+    return _parse_overrides(yaml.safe_load(text), "data/recipe_overrides.yaml")
+
+
+def _parse_overrides(data: Any, name: str) -> tuple[RecipeOverride, ...]:
+    if not isinstance(data, dict) or set(data) != {"overrides"}:
+        raise TaskFormatError(f"{name}: expected a mapping with only an 'overrides' list")
+    entries = data["overrides"] or []
+    if not isinstance(entries, list):
+        raise TaskFormatError(f"{name}: field 'overrides': expected a list", field="overrides")
+    out = []
+    for index, entry in enumerate(entries):
+        where = _Where(name, index)
+        try:
+            override = RecipeOverride.model_validate(entry)
+            if override.version is not None:
+                version_matches("0", override.version)  # a malformed spec fails here
+        except ValidationError as exc:
+            raise where.from_validation(exc) from None
+        except ValueError as exc:
+            raise where.error(str(exc), "version") from None
+        out.append(override)
+    return tuple(out)
+
+
+def apply_recipe_overrides(
+    repo: str,
+    version: str | None,
+    recipe: EnvRecipe,
+    overrides: Iterable[RecipeOverride],
+    services: Sequence[str] = (),
+) -> tuple[EnvRecipe, list[str]]:
+    """The recipe and service list with every matching override applied, in order. What an
+    override changed is noted in the recipe's `skipped` (documentation, not part of its key)."""
+    requirements = list(recipe.requirements)
+    env = dict(recipe.env)
+    notes = list(recipe.skipped)
+    out_services = list(services)
+    for o in overrides:
+        if not o.matches(repo, version):
+            continue
+        label = f"override ({o.repo}{' ' + o.version if o.version else ''})"
+        for name in o.drop:
+            key = _normalise_name(name)
+            removed = [r for r in requirements if _requirement_name(r) == key]
+            requirements = [r for r in requirements if _requirement_name(r) != key]
+            notes += [f"{label}: dropped {r}" for r in removed]
+        for name, requirement in o.pins.items():
+            key = _normalise_name(name)
+            if _requirement_name(requirement) != key:
+                raise TaskFormatError(f"{label}: pin {name!r} is {requirement!r}, another name")
+            at = [i for i, r in enumerate(requirements) if _requirement_name(r) == key]
+            if at:
+                notes.append(f"{label}: {requirements[at[0]]} -> {requirement}")
+                requirements[at[0]] = requirement
+                requirements = [r for i, r in enumerate(requirements) if i not in at[1:]]
+            else:
+                notes.append(f"{label}: added {requirement}")
+                requirements.append(requirement)
+        env.update(o.env)
+        out_services += [s for s in o.services if s not in out_services]
+        if o.services:
+            notes.append(f"{label}: services {', '.join(o.services)}")
+    recipe = recipe.model_copy(update={"requirements": requirements, "env": env, "skipped": notes})
+    return EnvRecipe.model_validate(recipe.model_dump()), out_services
 
 
 # --------------------------------------------------------------------------- swebench specs
