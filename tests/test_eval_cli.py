@@ -1,0 +1,224 @@
+"""`minisandbox eval` and `build --validate`, run as a user would, on the built example tasks:
+real builds, real sandboxes, and the reports checked against swebench's own run report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minisandbox.builder import Builder, BuildSettings
+from minisandbox.evaluation import START_MARKER
+from minisandbox.loaders import load_tasks
+from minisandbox.validation import TaskNotValidatedError, validate
+
+CLI = [sys.executable, "-m", "minisandbox.cli"]
+EXAMPLES = [t.id for t in load_tasks("examples")]
+GOLD = {t.id: t.gold_patch for t in load_tasks("examples")}
+
+
+def _env(settings: BuildSettings) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MINISANDBOX_STORE": str(settings.store),
+        "MINISANDBOX_CACHE": str(settings.cache),
+        "MINISANDBOX_GIT_MIRROR": str(settings.git_mirror),
+        "COLUMNS": "250",  # rich's tables fit a terminal's width: keep reasons on one line
+    }
+
+
+def _cli(settings: BuildSettings, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        env=_env(settings),
+        cwd=cwd,
+        timeout=600,
+        check=False,
+    )
+
+
+def _last_json(r: subprocess.CompletedProcess) -> dict[str, Any]:
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _swebench_run_report(cwd: Path, preds: dict[str, dict], ids: list[str], run_id: str) -> dict:
+    """swebench's make_run_report over the report directory we wrote (it reads
+    logs/run_evaluation/<run_id> relative to the working directory and writes there too)."""
+    from swebench.harness.reporting import make_run_report
+
+    here = Path.cwd()
+    os.chdir(cwd)
+    try:
+        path = make_run_report(preds, [{"instance_id": i} for i in ids], run_id)
+        return json.loads((cwd / path).read_text())
+    finally:
+        os.chdir(here)
+
+
+def _check_instance_report(out: Path, iid: str, resolved: bool) -> None:
+    report = json.loads((out / "report.json").read_text())
+    entry = report[iid]
+    assert set(entry) == {
+        "patch_is_None",
+        "patch_exists",
+        "patch_successfully_applied",
+        "resolved",
+        "tests_status",
+    }
+    assert entry["resolved"] is resolved and entry["patch_successfully_applied"] is True
+    assert set(entry["tests_status"]) == {
+        "FAIL_TO_PASS",
+        "PASS_TO_PASS",
+        "FAIL_TO_FAIL",
+        "PASS_TO_FAIL",
+    }
+    for status in entry["tests_status"].values():
+        assert set(status) == {"success", "failure"}
+    assert START_MARKER in (out / "test_output.txt").read_text()
+
+
+def test_eval_gold_resolves_every_example(settings, built, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    # The default report directory is swebench's, so its own run report can read it.
+    r = _cli(settings, "eval", "examples", "--predictions", "gold", "--json", cwd=tmp_path)
+    summary = _last_json(r)
+    assert summary["total"] == 3 and summary["resolved_ids"] == EXAMPLES, summary
+    assert summary["unresolved_ids"] == summary["error_ids"] == summary["empty_patch_ids"] == []
+    assert summary["rewards"] == dict.fromkeys(EXAMPLES, 1.0)
+    run_dir = tmp_path / "logs" / "run_evaluation" / "minisandbox"
+    for iid in EXAMPLES:
+        out = run_dir / "gold" / iid
+        _check_instance_report(out, iid, resolved=True)
+        assert (out / "patch.diff").read_text() == GOLD[iid]
+    ours = json.loads((run_dir / "gold.minisandbox.json").read_text())
+    preds = {
+        i: {"instance_id": i, "model_name_or_path": "gold", "model_patch": GOLD[i]}
+        for i in EXAMPLES
+    }
+    assert ours == _swebench_run_report(tmp_path, preds, EXAMPLES, "minisandbox")
+    assert ours["resolved_instances"] == 3 and ours["schema_version"] == 2
+
+
+def test_eval_empty_resolves_nothing(settings, built, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    report = tmp_path / "reports"
+    r = _cli(
+        settings, "eval", "examples", "-p", "empty", "--report", str(report), "--json", cwd=tmp_path
+    )
+    summary = _last_json(r)
+    assert summary["resolved_ids"] == [] and summary["error_ids"] == []
+    assert summary["unresolved_ids"] == summary["empty_patch_ids"] == EXAMPLES
+    assert set(summary["rewards"].values()) == {0.0}
+    assert all("FAIL_TO_PASS" in summary["reasons"][i] for i in EXAMPLES)
+    run = json.loads((report / "empty.minisandbox.json").read_text())
+    # As in swebench: empty patches are counted apart, neither completed nor unresolved.
+    assert run["empty_patch_ids"] == sorted(EXAMPLES) and run["completed_instances"] == 0
+    for iid in EXAMPLES:
+        _check_instance_report(report / "empty" / iid, iid, resolved=False)
+
+
+def test_eval_predictions_file(settings, built, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    good, bad, unpredicted = EXAMPLES[1], EXAMPLES[0], EXAMPLES[2]
+    broken = "--- a/nothing.py\n+++ b/nothing.py\n@@ -1,1 +1,1 @@\n-not there\n+at all\n"
+    preds = [
+        {"instance_id": good, "model_name_or_path": "org/agent", "model_patch": GOLD[good]},
+        {"instance_id": bad, "model_name_or_path": "org/agent", "model_patch": broken},
+    ]
+    file = tmp_path / "preds.jsonl"
+    file.write_text("".join(json.dumps(p) + "\n" for p in preds))
+    r = _cli(settings, "eval", "examples", "-p", str(file), "-j", "2", "--json", cwd=tmp_path)
+    summary = _last_json(r)
+    assert summary["total"] == 2, summary  # only predicted tasks are evaluated
+    assert summary["resolved_ids"] == [good] and summary["error_ids"] == [bad]
+    assert summary["rewards"] == {good: 1.0, bad: 0.0}
+    assert "does not apply" in summary["reasons"][bad]
+    run_dir = tmp_path / "logs" / "run_evaluation" / "minisandbox"
+    _check_instance_report(run_dir / "org__agent" / good, good, resolved=True)
+    # Like swebench, an instance whose patch does not apply gets no report.json.
+    assert not (run_dir / "org__agent" / bad / "report.json").exists()
+    assert (run_dir / "org__agent" / bad / "patch.diff").read_text() == broken
+    assert "does not apply" in (run_dir / "org__agent" / bad / "run_instance.log").read_text()
+    ours = json.loads((run_dir / "org__agent.minisandbox.json").read_text())
+    assert ours == _swebench_run_report(
+        tmp_path, {p["instance_id"]: p for p in preds}, [bad, good], "minisandbox"
+    )
+    assert unpredicted not in ours["submitted_ids"]
+
+    # The human summary table.
+    r = _cli(
+        settings, "eval", "examples", "-p", str(file), "--report", str(tmp_path / "r"), cwd=tmp_path
+    )
+    assert r.returncode == 0, r.stderr
+    assert "resolved 1/2" in r.stdout and "does not apply" in r.stdout
+
+    # A prediction for an instance the dataset does not have: an error naming it and its line.
+    with file.open("a") as f:
+        f.write(json.dumps({**preds[0], "instance_id": "no-such-task"}) + "\n")
+    r = _cli(settings, "eval", "examples", "-p", str(file), cwd=tmp_path)
+    assert r.returncode == 2 and f"{file}:3" in r.stderr and "no-such-task" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('{"instance_id": "a", "model_name_or_path": "m"}\n', ":1: field 'model_patch'"),
+        (
+            '{"instance_id": "a", "model_patch": "", "model_name_or_path": "m"}\n{"x"\n',
+            ":2: not JSON",
+        ),
+        ('{"model_patch": "", "model_name_or_path": "m"}\n', ":1: field 'instance_id'"),
+        ('[{"instance_id": "a", "model_name_or_path": "m", "model_patch": 3}]', "entry 0"),
+    ],
+)
+def test_eval_rejects_malformed_predictions(tmp_path: Path, content: str, expected: str) -> None:
+    file = tmp_path / ("p.json" if content.startswith("[") else "p.jsonl")
+    file.write_text(content)
+    r = subprocess.run(
+        [*CLI, "eval", "examples", "-p", str(file)], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 2 and f"{file}" in r.stderr and expected in r.stderr, r.stderr
+
+
+def test_build_validate_and_require_validated(settings, built, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import asyncio
+
+    task = load_tasks("examples")[1]
+    r = _cli(settings, "build", "examples", "--validate", "--json", "-i", task.id, cwd=tmp_path)
+    summary = _last_json(r)
+    assert summary["valid"] == [task.id] and summary["invalid"] == {}
+    builder = Builder(settings)
+    verdict = builder.validation(task)
+    assert verdict is not None and verdict.valid
+    assert verdict.gold.resolved and not verdict.empty.swebench_resolved
+
+    # A task sharing the layer but not its test spec has no verdict of its own...
+    changed = task.model_copy(update={"pass_to_pass": task.pass_to_pass[:1]})
+    assert builder.layers_of(changed) == builder.layers_of(task)
+    assert builder.validation(changed) is None
+    # ... and one with no gold patch fails validation, with the reason recorded.
+    no_gold = task.model_copy(update={"gold_patch": "", "pass_to_pass": []})
+
+    monkeypatch.setenv("MINISANDBOX_REQUIRE_VALIDATED", "1")
+    strict = Builder(BuildSettings(**{**settings.model_dump(), "require_validated": True}))
+    assert BuildSettings().require_validated  # the environment variable turns it on
+
+    async def go() -> None:
+        bad = await validate(strict, no_gold)
+        assert not bad.valid and "gold patch does not resolve" in bad.reason
+        async with strict.sandbox(task) as sb:  # validated: allowed
+            assert (await sb.execute("true")).exit_code == 0
+        for refused, why in ((changed, "has no validation"), (no_gold, "failed validation")):
+            with pytest.raises(TaskNotValidatedError, match=why) as e:
+                async with strict.sandbox(refused):
+                    pass
+            assert "minisandbox build" in str(e.value) and "--validate" in str(e.value)
+        async with strict.sandbox(changed, require_validated=False):  # explicitly waived
+            pass
+
+    asyncio.run(go())
