@@ -1,9 +1,10 @@
 """Test-time services a task's test suite reaches over the network, served inside its sandbox.
 
 Evaluation keeps the network off. Some suites call a public service (requests' tests call
-httpbin.org); a task lists such services (`Task.services`, usually set by the recipe overrides),
-and each is started inside the sandbox on loopback for the test run, with the environment
-variables that point the suite at it.
+httpbin.org) or rely on how a connected network behaves (a connect to an unroutable address
+times out); a task lists such services (`Task.services`, usually set by the recipe overrides),
+and each is started inside the sandbox for the test run, with the environment variables that
+point the suite at it. docs/recipes.md describes them.
 
 A service runs from a tools environment the task's own venv does not see: a uv venv of pinned
 packages at `TOOLS_ROOT/<service>`, built once from a host interpreter of our choosing (not the
