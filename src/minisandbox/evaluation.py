@@ -256,7 +256,7 @@ class Evaluator:
 
     async def evaluate(self, task: Task, patch: str | None) -> EvalResult:
         began = time.monotonic()
-        empty = not (patch or "").strip()
+        empty = not patch  # the harness's rule: None or "" (whitespace is a patch that fails)
         result = EvalResult(
             instance_id=task.id, status="error", resolved=False, reward=0.0, empty_patch=empty
         )

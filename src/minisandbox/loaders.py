@@ -59,6 +59,10 @@ class TaskFormatError(MiniSandboxError, ValueError):
         self.field = field
 
 
+class TaskFileNotFoundError(TaskFormatError, FileNotFoundError):
+    """A task file that does not exist."""
+
+
 class TaskNotFoundError(MiniSandboxError, LookupError):
     """Some requested instance ids are not in the source."""
 
@@ -170,7 +174,7 @@ def load_tasks(
     if path.exists():
         tasks = _load_file(path, envs, wanted)
     elif path.suffix.lower() in _FILE_SUFFIXES:
-        raise FileNotFoundError(f"{path}: no such task file")
+        raise TaskFileNotFoundError(f"{path}: no such task file", path=str(path))
     elif "/" in str(source):
         tasks = _load_hf(str(source), envs, wanted)
     else:
