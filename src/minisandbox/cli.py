@@ -270,8 +270,8 @@ def demo(
     store: Path = StoreOpt,
     cache: Path = CacheOpt,
 ) -> None:
-    """Build the bundled example tasks, run their tests in sandboxes (failing, then passing with
-    the gold patch), and show side by side what sandboxes can and cannot do."""
+    """Build the bundled example tasks, grade them in sandboxes (reward 0 without a patch, 1
+    with the gold patch), and show side by side what sandboxes can and cannot do."""
     from .errors import MiniSandboxError
 
     try:
@@ -286,6 +286,7 @@ async def _demo_tasks(builder: Builder) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from .evaluation import Evaluator
     from .loaders import load_tasks
 
     console = Console()
@@ -295,9 +296,11 @@ async def _demo_tasks(builder: Builder) -> None:
     for r in results:
         if r.status == "failed":
             raise typer.BadParameter(f"building {r.task_id} failed: {r.error}")
-    table = Table(title="example tasks, each in a fresh sandbox")
-    for col in ("task", "build", "start ms", "tests before", "with gold patch"):
+    table = Table(title="example tasks: each patch graded in a fresh sandbox, as SWE-bench does")
+    table.add_column("task", no_wrap=True)
+    for col in ("build", "start ms", "reward, no patch", "reward, gold patch", "eval s"):
         table.add_column(col)
+    evaluator = Evaluator(builder, timeout=600)
 
     async def run(task: Task, result: BuildResult) -> list[str]:
         async with builder.sandbox(task):  # first start unpacks the layers on this node
@@ -305,19 +308,22 @@ async def _demo_tasks(builder: Builder) -> None:
         began = time.perf_counter()
         async with builder.sandbox(task) as sb:
             start_ms = (time.perf_counter() - began) * 1000
-            await sb.write_file("/tmp/test.patch", task.test_patch)
-            await sb.write_file("/tmp/gold.patch", task.gold_patch)
-            await sb.execute("git apply /tmp/test.patch")
-            before = await sb.execute(task.test_cmd)
-            await sb.execute("git apply /tmp/gold.patch")
-            after = await sb.execute(task.test_cmd)
-        verdict = {0: "[green]pass[/green]"}
+            await sb.execute("true")
+        empty = await evaluator.evaluate(task, "")
+        gold = await evaluator.evaluate(task, task.gold_patch)
+
+        def shown(r: EvalResult) -> str:
+            colour = "green" if r.reward else "red"
+            why = "" if r.resolved else f" ({r.reason.split()[0]} fails)"  # e.g. FAIL_TO_PASS
+            return f"[{colour}]{r.reward:g}[/{colour}]{why}"
+
         return [
             task.id,
-            f"{result.status} ({result.seconds:.1f} s)",
+            result.status,
             f"{start_ms:.0f}",
-            verdict.get(before.exit_code, "[red]fail[/red]"),
-            verdict.get(after.exit_code, "[red]fail[/red]"),
+            shown(empty),
+            shown(gold),
+            f"{gold.duration_s:.2f}",
         ]
 
     for row in await asyncio.gather(*(run(t, r) for t, r in zip(tasks, results, strict=True))):
