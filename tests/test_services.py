@@ -71,6 +71,41 @@ async def test_httpbin_and_tarpit_in_a_task_sandbox(
     assert builder.store.resolve(tools_ref("httpbin", tools_interpreter()))
 
 
+# GETs a URL through the task's Python, trusting only the CA bundle named second.
+_GET_TLS = (
+    "import ssl, sys, urllib.request\n"
+    "context = ssl.create_default_context(cafile=sys.argv[2])\n"
+    "with urllib.request.urlopen(sys.argv[1], timeout=10, context=context) as r:\n"
+    "    print(r.status, r.read().decode())\n"
+)
+
+
+async def test_httpbin_as_public_hosts_over_http_and_https(
+    settings: BuildSettings, built: list
+) -> None:
+    task = load_tasks("examples")[0]
+    task = task.model_copy(update={"services": ["httpbin:example.test,www.example.test"]})
+    async with Builder(settings).sandbox(task) as sb:
+        # A CA bundle the suite would verify against (requests vendors one as cacert.pem).
+        await sb.write_file("/testbed/vendored/cacert.pem", "")
+        await sb.write_file("/tmp/get.py", _GET)
+        await sb.write_file("/tmp/get_tls.py", _GET_TLS)
+        async with start_services(sb, task) as env:
+            assert env == {"HTTPBIN_URL": "http://example.test/"}
+            r = await sb.execute(["python", "/tmp/get.py", "get"], env=env)
+            assert r.stdout.split("\n", 1)[0] == "200", r
+            assert json.loads(r.stdout.split("\n", 1)[1])["url"] == "http://example.test/get"
+            bundle = "/testbed/vendored/cacert.pem"
+            for url in ("https://example.test/get", "https://www.example.test/status/200"):
+                r = await sb.execute(["python", "/tmp/get_tls.py", url, bundle])
+                assert r.exit_code == 0 and r.stdout.startswith("200"), r
+            # Only the names asked for: others still do not resolve.
+            r = await sb.execute("getent hosts other.example.test")
+            assert r.exit_code != 0
+        # The bundle is as it was; the suite's own TLS trust is back to what it ships.
+        assert (await sb.execute(["cat", "/testbed/vendored/cacert.pem"])).stdout == ""
+
+
 async def test_without_tarpit_unroutable_fails_at_once(
     settings: BuildSettings, built: list
 ) -> None:
@@ -84,8 +119,8 @@ async def test_without_tarpit_unroutable_fails_at_once(
 
 
 async def test_unknown_service_is_refused(settings: BuildSettings, built: list) -> None:
-    task = load_tasks("examples")[0].model_copy(update={"services": ["smtp"]})
-    with pytest.raises(ServiceError, match="unknown service 'smtp'"):
+    task = load_tasks("examples")[0].model_copy(update={"services": ["smtp:example.test"]})
+    with pytest.raises(ServiceError, match=r"unknown service 'smtp:example\.test'"):
         async with Builder(settings).sandbox(task):
             pass
 
@@ -179,6 +214,6 @@ def test_swebench_loader_applies_the_bundled_overrides(tmp_path: Path) -> None:
     path = tmp_path / "records.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     old, new, flask = load_tasks(path)
-    assert old.services == ["httpbin", "tarpit"]
+    assert old.services == ["httpbin:httpbin.org,www.google.co.uk", "tarpit"]
     assert new.services == ["tarpit"]
     assert flask.services == []

@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import shlex
+import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -54,24 +55,40 @@ HTTPBIN_REQUIREMENTS = (
     "markupsafe==3.0.4",
     "pycparser==3.12",
     "six==1.17.0",
+    # Certificates for the public names it answers as (see `_httpbin`).
+    "trustme==1.2.1",
+    "cryptography==50.0.2",
+    "idna==3.20",
 )
 READY_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
 
 # Serves httpbin's WSGI app on 127.0.0.1 with a port the kernel picks (nothing the tests bind
-# can collide with it), then publishes "<port> <pid>" atomically: once the file exists the socket
-# listens, so connections queue until the server accepts them.
+# can collide with it). Given public host names, also on ports 80 (HTTP) and 443 (HTTPS, with a
+# certificate for those names from a CA made now, written to <info>.ca.pem). Then publishes
+# "<port> <pid>" atomically: once the file exists every socket listens.
 _HTTPBIN_SERVER = """\
-import os, sys
+import os, ssl, sys, threading
 from httpbin import app
 from werkzeug.serving import make_server
 
-server = make_server("127.0.0.1", 0, app, threaded=True)
-info = sys.argv[1]
+info, names = sys.argv[1], [n for n in sys.argv[2:] if n]
+servers = [make_server("127.0.0.1", 0, app, threaded=True)]
+if names:
+    import trustme
+
+    ca = trustme.CA(organization_name="minisandbox test services")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert(*names).configure_cert(context)
+    ca.cert_pem.write_to_path(info + ".ca.pem")
+    servers.append(make_server("127.0.0.1", 80, app, threaded=True))
+    servers.append(make_server("127.0.0.1", 443, app, threaded=True, ssl_context=context))
+for server in servers[1:]:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
 with open(info + ".tmp", "w") as f:
-    f.write(f"{server.socket.getsockname()[1]} {os.getpid()}\\n")
+    f.write(f"{servers[0].socket.getsockname()[1]} {os.getpid()}\\n")
 os.rename(info + ".tmp", info)
-server.serve_forever()
+servers[0].serve_forever()
 """
 # A request through the real server: ready means serving, not only listening.
 _HTTPBIN_PROBE = """\
@@ -89,8 +106,14 @@ class ServiceError(MiniSandboxError):
     """A service could not be built or did not become ready."""
 
 
+def parse_service(spec: str) -> tuple[str, list[str]]:
+    """ "httpbin:httpbin.org,example.com" -> ("httpbin", ["httpbin.org", "example.com"])."""
+    name, _, args = spec.partition(":")
+    return name.strip(), [a.strip() for a in args.split(",") if a.strip()]
+
+
 def check_services(task: Task) -> None:
-    unknown = [s for s in task.services if s not in KNOWN_SERVICES]
+    unknown = [s for s in task.services if parse_service(s)[0] not in KNOWN_SERVICES]
     if unknown:
         raise ServiceError(
             f"task {task.id}: unknown service {unknown[0]!r} (known: {', '.join(KNOWN_SERVICES)})"
@@ -126,7 +149,8 @@ async def tools_layers(builder: Builder, task: Task) -> tuple[list[str], list[Pa
     check_services(task)
     if not task.services:
         return [], []
-    wanted = [s for s in dict.fromkeys(task.services) if s in _REQUIREMENTS]
+    names = (parse_service(s)[0] for s in task.services)
+    wanted = [s for s in dict.fromkeys(names) if s in _REQUIREMENTS]
     if not wanted:
         return [], []
     interp = tools_interpreter()
@@ -178,13 +202,19 @@ async def start_services(sb: Sandbox, task: Task) -> AsyncIterator[dict[str, str
     check_services(task)
     env: dict[str, str] = {}
     async with contextlib.AsyncExitStack() as stack:
-        for service in dict.fromkeys(task.services):
-            env.update(await stack.enter_async_context(_STARTERS[service](sb)))
+        for spec in dict.fromkeys(task.services):
+            name, args = parse_service(spec)
+            env.update(await stack.enter_async_context(_STARTERS[name](sb, args)))
         yield env
 
 
 @contextlib.asynccontextmanager
-async def _httpbin(sb: Sandbox) -> AsyncIterator[dict[str, str]]:
+async def _httpbin(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
+    """httpbin on loopback: HTTPBIN_URL=http://127.0.0.1:<port>/. With public names
+    ("httpbin:httpbin.org,..."), the sandbox also resolves those names to it, where it answers
+    on ports 80 and 443 as the public hosts would, with a certificate the task trusts (a CA made
+    for this run, appended to the CA bundles in the task: see `_trust`); HTTPBIN_URL is then
+    http://<first name>/, the URL suites default to."""
     python = f"{TOOLS_ROOT}/httpbin/bin/python"
     probe = await sb.execute(["test", "-x", python])
     if probe.exit_code != 0:
@@ -193,12 +223,14 @@ async def _httpbin(sb: Sandbox) -> AsyncIterator[dict[str, str]]:
             "(start it with Builder.sandbox, which adds the task's tools layers)"
         )
     info = "/tmp/.minisandbox-httpbin"
+    if public_names:
+        await _serve_names(sb, public_names, f"{info}.hosts")
     await sb.write_file(f"{info}.py", _HTTPBIN_SERVER)
     await sb.write_file(f"{info}-probe.py", _HTTPBIN_PROBE)
     # -I: none of the task's variables (PYTHONPATH...) reach the tools interpreter.
     server = asyncio.create_task(
         sb.execute(
-            [python, "-I", f"{info}.py", info],
+            [python, "-I", f"{info}.py", info, *public_names],
             cwd="/tmp",
             timeout=365 * 86400.0,  # stopped below, never by a timeout
             merge_stderr=True,
@@ -208,7 +240,11 @@ async def _httpbin(sb: Sandbox) -> AsyncIterator[dict[str, str]]:
     pid = ""
     try:
         port, pid = await _wait_ready(sb, server, python, info)
-        yield {"HTTPBIN_URL": f"http://127.0.0.1:{port}/"}
+        if not public_names:
+            yield {"HTTPBIN_URL": f"http://127.0.0.1:{port}/"}
+        else:
+            async with _trust(sb, f"{info}.ca.pem"):
+                yield {"HTTPBIN_URL": f"http://{public_names[0]}/"}
     finally:
         if pid:
             await sb.execute(f"kill {shlex.quote(pid)} 2>/dev/null")
@@ -220,6 +256,112 @@ async def _httpbin(sb: Sandbox) -> AsyncIterator[dict[str, str]]:
             server.cancel()
             with contextlib.suppress(BaseException):
                 await server
+
+
+async def _serve_names(sb: Sandbox, names: list[str], hosts_path: str) -> None:
+    """Make `names` resolve to 127.0.0.1 in the sandbox, and ports below 1024 bindable by it.
+    Both from the host, in the sandbox's namespaces: its /etc/hosts is a read-only mount and it
+    holds no capabilities."""
+    for name in names:
+        if not all(c.isalnum() or c in "-." for c in name):
+            raise ServiceError(f"httpbin: {name!r} is not a host name")
+    hosts = (await sb.execute(["cat", "/etc/hosts"])).stdout
+    await sb.write_file(hosts_path, hosts + "".join(f"127.0.0.1 {n}\n" for n in names))
+    await _bind_over(sb, hosts_path, "/etc/hosts")
+    await _nsenter(
+        sb, ["--net"], ["sh", "-c", "echo 0 > /proc/sys/net/ipv4/ip_unprivileged_port_start"]
+    )
+
+
+# CA bundles a test suite may verify against: its own vendored ones (requests ships
+# requests/cacert.pem) and certifi's in the venv. Appending keeps every public CA trusted.
+_BUNDLES = (
+    "find /testbed /opt/venv -name .git -prune -o -type f -name cacert.pem -print 2>/dev/null"
+)
+
+
+@contextlib.asynccontextmanager
+async def _trust(sb: Sandbox, ca_path: str) -> AsyncIterator[None]:
+    """Trust the CA at `ca_path` in the task's CA bundles for the block; restore them after."""
+    found = (await sb.execute(_BUNDLES)).stdout.split("\n")
+    bundles = [b for b in found if b.strip()]
+    saved = "/tmp/.minisandbox-bundles"
+    await sb.execute(["mkdir", "-p", saved])
+    for i, bundle in enumerate(bundles):
+        r = await sb.execute(
+            f"cp -p -- {shlex.quote(bundle)} {saved}/{i} && "
+            f"cat {shlex.quote(ca_path)} >> {shlex.quote(bundle)}"
+        )
+        if r.exit_code != 0:
+            raise ServiceError(f"httpbin: cannot add the test CA to {bundle}: {r.stdout}")
+    try:
+        yield
+    finally:
+        for i, bundle in enumerate(bundles):
+            await sb.execute(f"cp -p -- {saved}/{i} {shlex.quote(bundle)}")
+
+
+# Binds a file of the sandbox read-only over another, in the sandbox's mount namespace. The
+# target is a file bwrap bound and then unlinked (nothing can be mounted on an unlinked file), so
+# that mount is detached first. A fresh single-threaded interpreter: setns needs one.
+_BIND_OVER = """\
+import ctypes, os, sys
+
+libc = ctypes.CDLL(None, use_errno=True)
+pid, source, target = sys.argv[1:4]
+
+
+def check(result, what):
+    if result != 0:
+        sys.exit(f"{what}: {os.strerror(ctypes.get_errno())}")
+
+
+root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY)
+if os.geteuid() != 0:  # the sandbox's user namespace is ours: its capabilities are ours
+    check(libc.setns(os.open(f"/proc/{pid}/ns/user", os.O_RDONLY), 0x10000000), "setns user")
+check(libc.setns(os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY), 0x00020000), "setns mnt")
+os.fchdir(root)
+os.chroot(".")
+MS_RDONLY, MS_REMOUNT, MS_BIND, MNT_DETACH = 1, 32, 4096, 2
+check(libc.umount2(target.encode(), MNT_DETACH), "umount")
+check(libc.mount(source.encode(), target.encode(), None, MS_BIND, None), "bind")
+check(libc.mount(None, target.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY, None), "ro")
+"""
+
+
+async def _bind_over(sb: Sandbox, source: str, target: str) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-I",
+        "-c",
+        _BIND_OVER,
+        str(sb.pid),
+        source,
+        target,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise ServiceError(f"binding {source} over {target} failed: {out.decode().strip()}")
+
+
+async def _nsenter(sb: Sandbox, namespaces: list[str], argv: list[str]) -> None:
+    """Run `argv` on the host in the sandbox's `namespaces` (nsenter options)."""
+    if sb.pid is None:
+        raise ServiceError("the sandbox is not running")
+    enter = ["nsenter", f"--target={sb.pid}", *namespaces]
+    if os.geteuid() != 0:  # the sandbox's user namespace is ours: its capabilities are ours
+        enter += ["--user", "--preserve-credentials"]
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *enter, *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        )
+    except FileNotFoundError as e:
+        raise ServiceError(f"the host has no {e.filename}") from None
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise ServiceError(f"`{' '.join(argv)}` in the sandbox failed: {out.decode().strip()}")
 
 
 async def _wait_ready(sb: Sandbox, server: asyncio.Task, python: str, info: str) -> tuple[str, str]:
@@ -240,7 +382,7 @@ async def _wait_ready(sb: Sandbox, server: asyncio.Task, python: str, info: str)
 
 
 @contextlib.asynccontextmanager
-async def _tarpit(sb: Sandbox) -> AsyncIterator[dict[str, str]]:
+async def _tarpit(sb: Sandbox, _args: list[str]) -> AsyncIterator[dict[str, str]]:
     """Connections to addresses outside the sandbox hang until the client's timeout, as they do
     to an unroutable address (a "tarpit" such as 10.255.255.1) on a connected host, instead of
     failing at once with "network is unreachable". Suites test connect timeouts that way.
@@ -249,23 +391,10 @@ async def _tarpit(sb: Sandbox) -> AsyncIterator[dict[str, str]]:
     for another address comes back in on `lo`, is not local, and is dropped. Loopback traffic
     is unchanged. Set from the host (the sandbox has no capabilities); needs `nsenter` and
     `ip` there."""
-    if sb.pid is None:
-        raise ServiceError("tarpit: the sandbox is not running")
-    enter = ["nsenter", f"--target={sb.pid}", "--net"]
-    if os.geteuid() != 0:  # the sandbox's user namespace is ours: its capabilities are ours
-        enter += ["--user", "--preserve-credentials"]
-    for family in ("-4", "-6"):
-        argv = [*enter, "ip", family, "route", "add", "default", "dev", "lo"]
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-            )
-        except FileNotFoundError as e:
-            raise ServiceError(f"tarpit: the host has no {e.filename}") from None
-        out, _ = await proc.communicate()
-        # IPv6 may be disabled on the host; IPv4 is what the suites use.
-        if proc.returncode != 0 and family == "-4":
-            raise ServiceError(f"tarpit: setting the route failed: {out.decode().strip()}")
+    await _nsenter(sb, ["--net"], ["ip", "-4", "route", "add", "default", "dev", "lo"])
+    # IPv6 may be disabled on the host; IPv4 is what the suites use.
+    with contextlib.suppress(ServiceError):
+        await _nsenter(sb, ["--net"], ["ip", "-6", "route", "add", "default", "dev", "lo"])
     yield {}
 
 
