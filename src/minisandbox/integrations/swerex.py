@@ -1,0 +1,531 @@
+"""SWE-ReX on minisandbox: a deployment and a runtime that code written against SWE-ReX uses
+unchanged, with sandboxes instead of containers.
+
+    from minisandbox.integrations.swerex import MiniSandboxDeployment
+    deployment = MiniSandboxDeployment(task="tablekit-001")   # or no task: a plain sandbox
+    await deployment.start()
+    await deployment.runtime.create_session(CreateBashSessionRequest())
+    await deployment.runtime.run_in_session(BashAction(command="git status"))
+
+Semantics follow swerex's LocalRuntime: its request and response models, its exceptions, the
+`check` modes of BashAction and Command, interactive commands and `expect` patterns (regexes, as
+pexpect reads them). Sessions are our ShellSessions (a bash on a real pty inside the sandbox):
+outputs come without the pty's stray carriage returns that LocalRuntime leaves in.
+
+Callers such as SWE-agent drive the runtime through `asyncio.run()`, a fresh event loop per
+call, while a sandbox belongs to the loop that started it. Every sandbox therefore lives on one
+background loop (a daemon thread) and the public methods hand their work to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import shlex
+import threading
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+try:
+    from swerex.deployment.abstract import AbstractDeployment
+    from swerex.deployment.hooks.abstract import CombinedDeploymentHook, DeploymentHook
+    from swerex.exceptions import (
+        BashIncorrectSyntaxError,
+        CommandTimeoutError,
+        DeploymentNotStartedError,
+        DeploymentStartupError,
+        NoExitCodeError,
+        NonZeroExitCodeError,
+        SessionDoesNotExistError,
+        SessionExistsError,
+    )
+    from swerex.runtime.abstract import (
+        AbstractRuntime,
+        Action,
+        BashAction,
+        BashInterruptAction,
+        BashObservation,
+        CloseBashSessionResponse,
+        CloseResponse,
+        CloseSessionRequest,
+        CloseSessionResponse,
+        Command,
+        CommandResponse,
+        CreateBashSessionRequest,
+        CreateBashSessionResponse,
+        CreateSessionRequest,
+        CreateSessionResponse,
+        IsAliveResponse,
+        Observation,
+        ReadFileRequest,
+        ReadFileResponse,
+        UploadRequest,
+        UploadResponse,
+        WriteFileRequest,
+        WriteFileResponse,
+    )
+except ImportError as e:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        f"minisandbox.integrations.swerex needs SWE-ReX ({e}): "
+        "pip install 'swe-minisandbox[swerex]'"
+    ) from e
+
+from .. import errors
+from ..config import Limits
+from ..sandbox import Sandbox
+from ..session import ShellSession
+from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+
+__all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
+
+T = TypeVar("T")
+# What the expect_string of an observation says when a command ended at the shell's prompt:
+# swerex reports the PS1 it matched, and callers may compare against that value.
+PS1 = "SHELLPS1PREFIX"
+# "No timeout" for swerex; asyncio needs a finite deadline.
+_FOREVER = 10.0**7
+_ANSI = re.compile(r"\x1b[@-_][0-?]*[ -/]*[@-~]")
+# The prompt hook a ShellSession installs; startup files may replace PROMPT_COMMAND.
+_PROMPT_HOOK = "__msb_prompt"
+
+
+def _log() -> logging.Logger:
+    return logging.getLogger("minisandbox.swerex")
+
+
+# ---------------------------------------------------------------- the background loop
+
+_loop: asyncio.AbstractEventLoop | None = None
+_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            # Long-lived on purpose: bwrap runs with --die-with-parent, tied to the thread that
+            # started it, so the thread must outlive every sandbox it starts.
+            threading.Thread(target=run, name="minisandbox-swerex", daemon=True).start()
+            ready.wait()
+            _loop = loop
+        return _loop
+
+
+async def _on_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Run `coro` on the background loop and wait for it from whatever loop we are on."""
+    loop = _background_loop()
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    if current is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+def _seconds(timeout: float | None) -> float:
+    return _FOREVER if timeout is None else float(timeout)
+
+
+def _clean(text: str, match: str | None = None) -> str:
+    """Output as swerex reports it: no escape sequences and, like pexpect's `before`, without
+    the text that matched an expect pattern."""
+    if match:
+        text = text.removesuffix(match)
+    return _ANSI.sub("", text).replace("\r\n", "\n")
+
+
+# ---------------------------------------------------------------- runtime
+
+
+class _Session:
+    def __init__(self, shell: ShellSession) -> None:
+        self.shell = shell
+        self.lock = asyncio.Lock()
+
+
+class MiniSandboxRuntime(AbstractRuntime):
+    """swerex's AbstractRuntime over a running minisandbox Sandbox."""
+
+    def __init__(self, sandbox: Sandbox, *, logger: logging.Logger | None = None) -> None:
+        self.sandbox = sandbox
+        self.logger = logger or _log()
+        self._sessions: dict[str, _Session] = {}
+
+    @property
+    def sessions(self) -> dict[str, ShellSession]:
+        return {name: s.shell for name, s in self._sessions.items()}
+
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        if self.sandbox.running:
+            return IsAliveResponse(is_alive=True)
+        return IsAliveResponse(is_alive=False, message=f"sandbox {self.sandbox.id} is not running")
+
+    # ------------------------------------------------------------ sessions
+
+    async def create_session(self, request: CreateSessionRequest) -> CreateSessionResponse:
+        return await _on_loop(self._create_session(request))
+
+    async def _create_session(self, request: CreateBashSessionRequest) -> CreateBashSessionResponse:
+        if not isinstance(request, CreateBashSessionRequest):
+            raise ValueError(f"unknown session type: {request!r}")
+        if request.session in self._sessions:
+            raise SessionExistsError(f"session {request.session} already exists")
+        shell = await self.sandbox.create_session(request.session)
+        self._sessions[request.session] = _Session(shell)
+        output = ""
+        if request.startup_source:
+            # Sourced as swerex does (a missing file is reported, not fatal); the files may
+            # replace PROMPT_COMMAND, which our prompt detection relies on.
+            command = "; ".join(f"source {shlex.quote(p)}" for p in request.startup_source)
+            command += f"; PROMPT_COMMAND={_PROMPT_HOOK}"
+            # A slow .bashrc gets at least a few seconds: the sandbox may start cold.
+            timeout = max(request.startup_timeout, 5.0)
+            try:
+                r = await shell.run(command, timeout=timeout)
+            except errors.CommandTimeoutError as e:
+                raise CommandTimeoutError(
+                    f"timeout after {timeout} seconds while sourcing {request.startup_source}"
+                ) from e
+            output = _clean(r.output)
+        return CreateBashSessionResponse(output=output)
+
+    def _session(self, name: str) -> _Session:
+        try:
+            return self._sessions[name]
+        except KeyError:
+            raise SessionDoesNotExistError(f"session {name!r} does not exist") from None
+
+    async def run_in_session(self, action: Action) -> Observation:
+        return await _on_loop(self._run_in_session(action))
+
+    async def _run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
+        session = self._session(action.session)
+        async with session.lock:
+            if isinstance(action, BashInterruptAction):
+                return await self._interrupt(session.shell, action)
+            if action.is_interactive_command or action.is_interactive_quit:
+                return await self._run_interactive(session.shell, action)
+            r = await self._run_normal(session.shell, action)
+        if action.check == "raise" and r.exit_code != 0:
+            msg = (
+                f"Command {action.command!r} failed with exit code {r.exit_code}. "
+                f"Here is the output:\n{r.output!r}"
+            )
+            if action.error_msg:
+                msg = f"{action.error_msg}: {msg}"
+            raise NonZeroExitCodeError(msg)
+        return r
+
+    @staticmethod
+    def _expect_string(expect: list[str], matched: str | None) -> str:
+        if matched is None:
+            return PS1
+        return next((p for p in expect if re.search(p, matched)), matched)
+
+    async def _send_or_run(
+        self, shell: ShellSession, command: str, expect: list[str], timeout: float | None
+    ) -> Any:
+        """A command for the shell, or a line typed into the program the shell is running (a
+        REPL left open by an earlier `expect` match), as swerex's pexpect session does."""
+        try:
+            if shell.busy:
+                return await shell.send(command + "\n", expect=expect, timeout=_seconds(timeout))
+            return await shell.run(command, expect=expect, timeout=_seconds(timeout))
+        except errors.CommandTimeoutError as e:
+            raise CommandTimeoutError(
+                f"timeout after {timeout} seconds while running command {command!r}"
+            ) from e
+
+    async def _run_normal(self, shell: ShellSession, action: BashAction) -> BashObservation:
+        if not shell.busy:
+            await self._check_syntax(action.command)
+        r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
+        output = _clean(r.output, r.match)
+        expect_string = self._expect_string(action.expect, r.match)
+        if action.check == "ignore":
+            return BashObservation(output=output, exit_code=None, expect_string=expect_string)
+        if r.exit_code is None and action.check == "raise":
+            raise NoExitCodeError(
+                f"no exit code for {action.command!r}: it stopped at {expect_string!r}"
+            )
+        return BashObservation(output=output, exit_code=r.exit_code, expect_string=expect_string)
+
+    async def _run_interactive(self, shell: ShellSession, action: BashAction) -> BashObservation:
+        r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
+        output = _clean(r.output, r.match).strip()
+        if action.is_interactive_command:
+            output = output.removeprefix(action.command).strip()
+        return BashObservation(
+            output=output, exit_code=0, expect_string=self._expect_string(action.expect, r.match)
+        )
+
+    async def _interrupt(self, shell: ShellSession, action: BashInterruptAction) -> BashObservation:
+        timeout = max(action.timeout * max(action.n_retry, 1), 1.0)
+        try:
+            if action.expect:
+                # Ctrl-C to a program that keeps running (a REPL): wait for its prompt.
+                r = await shell.send("\x03", expect=action.expect, timeout=timeout)
+            else:
+                r = await shell.interrupt(timeout=timeout)
+        except (errors.CommandTimeoutError, errors.SessionError) as e:
+            raise CommandTimeoutError(f"Failed to interrupt session: {e}") from e
+        return BashObservation(
+            output=_clean(r.output, r.match).strip(),
+            exit_code=0,
+            expect_string=self._expect_string(action.expect, r.match),
+        )
+
+    async def _check_syntax(self, command: str) -> None:
+        """`bash -n`, inside the sandbox: the agent's text is never run on the host."""
+        r = await self.sandbox.execute(["/bin/bash", "-n"], stdin=command + "\n", timeout=30)
+        if r.exit_code == 0:
+            return
+        msg = (
+            f"Error (exit code {r.exit_code}) while checking bash command \n{command!r}\n"
+            f"---- Stderr ----\n{r.stderr}\n---- Stdout ----\n{r.stdout}"
+        )
+        raise BashIncorrectSyntaxError(
+            msg, extra_info={"bash_stdout": r.stdout, "bash_stderr": r.stderr}
+        )
+
+    async def close_session(self, request: CloseSessionRequest) -> CloseSessionResponse:
+        return await _on_loop(self._close_session(request.session))
+
+    async def _close_session(self, name: str) -> CloseBashSessionResponse:
+        if name not in self._sessions:
+            raise SessionDoesNotExistError(f"session {name!r} does not exist")
+        del self._sessions[name]
+        if self.sandbox.running:
+            await self.sandbox.close_session(name)
+        return CloseBashSessionResponse()
+
+    # ------------------------------------------------------------ commands and files
+
+    async def execute(self, command: Command) -> CommandResponse:
+        return await _on_loop(self._execute(command))
+
+    async def _execute(self, command: Command) -> CommandResponse:
+        cmd = command.command
+        if command.shell:
+            # subprocess.run(shell=True): the string (or the list's first item) goes to sh -c.
+            argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else ["/bin/sh", "-c", *cmd]
+        else:
+            argv = [cmd] if isinstance(cmd, str) else list(cmd)
+        if command.env is not None:
+            # subprocess's env= replaces the environment, it does not extend it.
+            argv = ["env", "-i", *(f"{k}={v}" for k, v in command.env.items()), *argv]
+        try:
+            r = await self.sandbox.execute(
+                argv,
+                cwd=command.cwd,
+                timeout=_seconds(command.timeout),
+                merge_stderr=command.merge_output_streams,
+            )
+        except errors.CommandTimeoutError as e:
+            raise CommandTimeoutError(
+                f"Timeout ({command.timeout}s) exceeded while running command"
+            ) from e
+        response = CommandResponse(stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code)
+        if command.check and r.exit_code != 0:
+            msg = (
+                f"Command {command.command!r} failed with exit code {r.exit_code}. "
+                f"Stdout:\n{r.stdout!r}\nStderr:\n{r.stderr!r}"
+            )
+            if command.error_msg:
+                msg = f"{command.error_msg}: {msg}"
+            raise NonZeroExitCodeError(msg)
+        return response
+
+    async def read_file(self, request: ReadFileRequest) -> ReadFileResponse:
+        return await _on_loop(self._read_file(request))
+
+    async def _read_file(self, request: ReadFileRequest) -> ReadFileResponse:
+        try:
+            data = await self.sandbox.read_file(request.path)
+        except errors.SandboxFileError as e:
+            # Path.read_text's exceptions: callers catch FileNotFoundError (SWE-agent does).
+            text = str(e)
+            if "No such file" in text:
+                raise FileNotFoundError(2, "No such file or directory", request.path) from None
+            if "Is a directory" in text:
+                raise IsADirectoryError(21, "Is a directory", request.path) from None
+            if "Permission denied" in text:
+                raise PermissionError(13, "Permission denied", request.path) from None
+            raise
+        content = data.decode(request.encoding or "utf-8", request.errors or "strict")
+        # Text mode reads translate newlines; so does Path.read_text.
+        return ReadFileResponse(content=content.replace("\r\n", "\n").replace("\r", "\n"))
+
+    async def write_file(self, request: WriteFileRequest) -> WriteFileResponse:
+        await _on_loop(self.sandbox.write_file(request.path, request.content))
+        return WriteFileResponse()
+
+    async def upload(self, request: UploadRequest) -> UploadResponse:
+        return await _on_loop(self._upload(request))
+
+    async def _upload(self, request: UploadRequest) -> UploadResponse:
+        source, target = Path(request.source_path), request.target_path
+        if not source.exists():
+            raise FileNotFoundError(2, "No such file or directory", str(source))
+        if not source.is_dir():
+            # shutil.copy: a file copied onto a directory lands inside it.
+            r = await self.sandbox.execute(["test", "-d", target])
+            if r.exit_code == 0:
+                target = os.path.join(target, source.name)
+        await self.sandbox.upload(source, target)
+        return UploadResponse()
+
+    async def close(self) -> CloseResponse:
+        return await _on_loop(self._close())
+
+    async def _close(self) -> CloseResponse:
+        for name in list(self._sessions):
+            await self._close_session(name)
+        return CloseResponse()
+
+
+# ---------------------------------------------------------------- deployment
+
+
+class MiniSandboxDeploymentConfig(BaseModel):
+    """A minisandbox deployment: a task's environment (built on first use) or a plain sandbox
+    (the host's system and Python, an empty writable /testbed)."""
+
+    task: str | None = None
+    """A task id of `dataset`, or an official SWE-bench image name. None: a plain sandbox."""
+    image: str | None = None
+    """An official SWE-bench image name (what SWE-agent's batch mode sets per instance); used
+    when `task` is not given."""
+    dataset: str = DEFAULT_DATASET
+    """Where the tasks come from (a name `load_tasks` knows or a path)."""
+    envs_dir: str | None = None
+    """SWE-bench conda exports, for datasets that need them (default $MINISANDBOX_ENVS_DIR)."""
+    build: bool = True
+    """Build the task's layers on first use when they are missing."""
+    network: bool = False
+    """Network access (off: tasks are evaluated offline too)."""
+    limits: Limits = Field(default_factory=Limits)
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables inside the sandbox."""
+    startup_timeout: float = 1800.0
+    """Seconds to wait for the sandbox, a build of the task included."""
+
+    type: Literal["minisandbox"] = "minisandbox"
+    """Discriminator for (de)serialization/CLI. Do not change."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def get_deployment(self) -> MiniSandboxDeployment:
+        return MiniSandboxDeployment.from_config(self)
+
+
+class MiniSandboxDeployment(AbstractDeployment):
+    """swerex's AbstractDeployment: `start()` opens the sandbox, `stop()` removes it."""
+
+    def __init__(self, *, logger: logging.Logger | None = None, **kwargs: Any) -> None:
+        self._config = MiniSandboxDeploymentConfig(**kwargs)
+        self.logger = logger or _log()
+        self._hooks = CombinedDeploymentHook()
+        self._box: TaskSandbox | None = None
+        self._runtime: MiniSandboxRuntime | None = None
+
+    @classmethod
+    def from_config(cls, config: MiniSandboxDeploymentConfig) -> MiniSandboxDeployment:
+        return cls(**config.model_dump())
+
+    @property
+    def config(self) -> MiniSandboxDeploymentConfig:
+        return self._config
+
+    @property
+    def task_sandbox(self) -> TaskSandbox:
+        """The started TaskSandbox (for `diff()` and `evaluate()`)."""
+        if self._box is None:
+            raise DeploymentNotStartedError()
+        return self._box
+
+    def add_hook(self, hook: DeploymentHook) -> None:
+        self._hooks.add_hook(hook)
+
+    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
+        if self._runtime is None:
+            return IsAliveResponse(is_alive=False, message="Runtime is None.")
+        return await self._runtime.is_alive(timeout=timeout)
+
+    async def start(self) -> None:
+        if self._runtime is not None:
+            return
+        await _on_loop(self._start())
+
+    async def _start(self) -> None:
+        cfg = self._config
+        name = cfg.task or cfg.image
+        task = None
+        if name:
+            self._hooks.on_custom_step("Resolving task")
+            try:
+                task = resolve_task(name, cfg.dataset, cfg.envs_dir)
+            except errors.MiniSandboxError as e:
+                raise DeploymentStartupError(str(e)) from e
+        self._hooks.on_custom_step("Starting sandbox")
+        overrides: dict[str, Any] = {"network": cfg.network, "limits": cfg.limits}
+        if task is None:
+            overrides["env"] = dict(cfg.env)
+        else:
+            overrides["build"] = cfg.build
+            overrides["extra_env"] = dict(cfg.env)
+        box = TaskSandbox(task, **overrides)
+        try:
+            sandbox = await asyncio.wait_for(box.start(), cfg.startup_timeout)
+        except asyncio.TimeoutError:
+            await box.stop()
+            raise DeploymentStartupError(
+                f"the sandbox did not start within {cfg.startup_timeout} s"
+            ) from None
+        except errors.MiniSandboxError as e:
+            await box.stop()
+            raise DeploymentStartupError(str(e)) from e
+        self._box = box
+        self._runtime = MiniSandboxRuntime(sandbox, logger=self.logger)
+        self.logger.info(
+            "minisandbox %s started (%s)", sandbox.id, f"task {task.id}" if task else "plain"
+        )
+
+    async def stop(self) -> None:
+        runtime, box, self._runtime, self._box = self._runtime, self._box, None, None
+        if box is None:
+            return
+
+        async def stop() -> None:
+            if runtime is not None and box.running:
+                await runtime._close()
+            await box.stop()
+
+        await _on_loop(stop())
+
+    @property
+    def runtime(self) -> MiniSandboxRuntime:
+        if self._runtime is None:
+            raise DeploymentNotStartedError()
+        return self._runtime
+
+    # Helpers for training loops: the agent's diff and its reward, without leaving swerex.
+    async def diff(self) -> str:
+        return await _on_loop(self.task_sandbox.diff())
+
+    async def evaluate(self, patch: str | None = None, *, timeout: float = 1800.0) -> Any:
+        return await _on_loop(self.task_sandbox.evaluate(patch, timeout=timeout))
