@@ -1,0 +1,273 @@
+"""mini-swe-agent on minisandbox: an environment class for its `environment_class` setting.
+
+    environment:
+      environment_class: minisandbox.integrations.minisweagent.MiniSandboxEnvironment
+      task: examples__semverkit-1        # or an official SWE-bench image name; none = plain sandbox
+      dataset: examples
+
+Both protocols are served, told apart by the argument of each call: mini-swe-agent 2.x passes
+an action dict (`{"command": ...}`) and expects the environment to raise `Submitted`; 1.x passes
+the command string, expects `subprocess.TimeoutExpired` on timeouts and detects submission
+itself. The SWE-bench batch runners only hand an image to environments they know by name, so
+the task can also be bound by a first command `#minisandbox-task <instance id or image>` (a bash
+comment, harmless elsewhere), e.g. `run.env_startup_command: "#minisandbox-task {{instance_id}}"`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import re
+import subprocess
+from collections.abc import Coroutine
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from ..builder import Builder
+from ..errors import CommandTimeoutError, MiniSandboxError
+from ..evaluation import EvalResult
+from ..sync import _background_loop, run_sync
+from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+
+SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+_TASK_DIRECTIVE = re.compile(r"^\s*#\s*minisandbox-task[\s:=]+(?P<task>\S+)\s*$")
+
+logger = logging.getLogger("minisweagent.environment")
+
+
+class MiniSandboxEnvironmentConfig(BaseModel):
+    """Settings of `MiniSandboxEnvironment` (unknown keys, e.g. docker's `run_args`, are ignored
+    so a docker config can be reused by changing only `environment_class`)."""
+
+    task: str | None = None
+    """A task id of `dataset` or an official SWE-bench image name; None: a plain sandbox."""
+    dataset: str = DEFAULT_DATASET
+    """`examples`, a task/records file, or a Hugging Face dataset name (see `load_tasks`)."""
+    image: str | None = None
+    """What a runner passes as docker's image; used as the task when `task` is unset."""
+    envs_dir: str | None = None
+    """SWE-bench conda exports (default $MINISANDBOX_ENVS_DIR)."""
+    cwd: str = "/testbed"
+    env: dict[str, str] = {}
+    forward_env: list[str] = []
+    """Host variables copied into each command when set (as docker's `forward_env`)."""
+    timeout: int = 30
+    interpreter: list[str] = ["bash", "-c"]
+    sandbox: dict[str, Any] = {}
+    """Sandbox settings (`SandboxConfig` fields such as `network`), passed through."""
+    grade: Literal["submission", "diff"] = "submission"
+    """What `evaluate()` scores: "submission" (what the agent submitted, as SWE-bench's
+    predictions hold; "" if it never did) or "diff" (its changes in /testbed)."""
+    eval_timeout: float = 1800.0
+
+
+def _merge(*dicts: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for d in dicts:
+        out.update(d)
+    return out
+
+
+class MiniSandboxEnvironment:
+    """A mini-swe-agent environment whose commands run in a minisandbox task sandbox."""
+
+    def __init__(
+        self,
+        *,
+        config_class: type = MiniSandboxEnvironmentConfig,
+        logger: logging.Logger | None = None,
+        builder: Builder | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.logger = logger or globals()["logger"]
+        self.config = config_class(**kwargs)
+        self.builder = builder
+        self.submission: str | None = None
+        self._ts: TaskSandbox | None = None
+        self._drop_env: set[str] = set()
+        task = self.config.task or self.config.image
+        if task:
+            # Started at once, as docker's environment does: a task that cannot be built fails
+            # the instance before the agent spends model calls on it.
+            self.bind_task(task)
+            self.start()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def task_sandbox(self) -> TaskSandbox:
+        if self._ts is None:
+            self._ts = TaskSandbox(None, **self.config.sandbox)
+        return self._ts
+
+    def bind_task(self, task: str) -> None:
+        """Make `task` this environment's task (before its sandbox has started)."""
+        if self._ts is not None and self._ts.running:
+            raise MiniSandboxError("the sandbox is already started; a task must be bound first")
+        resolved = resolve_task(task, self.config.dataset, self.config.envs_dir)
+        self._ts = TaskSandbox(resolved, builder=self.builder, **self.config.sandbox)
+        self.config.task = resolved.id
+
+    def start(self) -> None:
+        ts = self.task_sandbox
+        if ts.running:
+            return
+        if ts.task is None:
+            self.logger.info("minisandbox: no task bound, a plain sandbox with an empty /testbed")
+        sb = run_sync(ts.start())
+        # A docker config's BASH_ENV names the image's ~/.bashrc (conda activation); a task
+        # sandbox is activated without it, and bash would complain on every command.
+        for key, value in self.config.env.items():
+            if key == "BASH_ENV" and run_sync(sb.execute(["test", "-f", value])).exit_code != 0:
+                self._drop_env.add(key)
+
+    def cleanup(self) -> None:
+        """Stop the sandbox (the task stays bound: `evaluate()` still works)."""
+        ts = self._ts
+        if ts is not None and ts.running:
+            _call(ts.stop())
+
+    close = stop = cleanup
+
+    def __del__(self) -> None:
+        try:
+            self.cleanup()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ commands
+
+    def _env(self) -> dict[str, str]:
+        env = {k: v for k in self.config.forward_env if (v := os.environ.get(k)) is not None}
+        env.update({k: v for k, v in self.config.env.items() if k not in self._drop_env})
+        return env
+
+    def _run(self, command: str, cwd: str, timeout: float | None) -> tuple[str, int]:
+        self.start()
+        sb = self.task_sandbox.sandbox
+        r = run_sync(
+            sb.execute(
+                [*self.config.interpreter, command],
+                cwd=cwd or self.config.cwd,
+                env=self._env(),
+                timeout=timeout or self.config.timeout,
+                merge_stderr=True,
+            )
+        )
+        return r.stdout, r.exit_code
+
+    def _directive(self, command: str) -> dict[str, Any] | None:
+        m = _TASK_DIRECTIVE.match(command)
+        if m is None:
+            return None
+        if self._ts is not None and self._ts.task is not None:
+            # Already bound (task/image given): the directive must name the same task.
+            want = resolve_task(m["task"], self.config.dataset, self.config.envs_dir).id
+            if want != self._ts.task.id:
+                raise MiniSandboxError(f"bound to {self._ts.task.id}, not {want}")
+        else:
+            self.bind_task(m["task"])
+        self.start()
+        return {"output": f"minisandbox task {self.config.task}\n", "returncode": 0}
+
+    def execute(
+        self, action: dict[str, Any] | str, cwd: str = "", *, timeout: int | None = None
+    ) -> dict[str, Any]:
+        """2.x: `action` is a dict; the result has `exception_info` and a submission raises
+        `Submitted`. 1.x: `action` is the command; a timeout raises `TimeoutExpired`."""
+        if isinstance(action, dict):
+            return self._execute_v2(action, cwd, timeout)
+        command = action
+        if (out := self._directive(command)) is not None:
+            return out
+        try:
+            output, code = self._run(command, cwd, timeout)
+        except CommandTimeoutError as e:
+            raise subprocess.TimeoutExpired(
+                command, timeout or self.config.timeout, output=e.output.encode()
+            ) from e
+        return {"output": output, "returncode": code}
+
+    def _execute_v2(self, action: dict[str, Any], cwd: str, timeout: int | None) -> dict[str, Any]:
+        command = str(action.get("command", ""))
+        try:
+            if (out := self._directive(command)) is not None:
+                return out | {"exception_info": ""}
+            output, code = self._run(command, cwd, timeout)
+            result: dict[str, Any] = {"output": output, "returncode": code, "exception_info": ""}
+        except Exception as e:
+            # As mini-swe-agent's own environments: the model sees the failure and goes on.
+            result = {
+                "output": getattr(e, "output", "") or "",
+                "returncode": -1,
+                "exception_info": f"An error occurred while executing the command: {e}",
+                "extra": {"exception_type": type(e).__name__, "exception": str(e)},
+            }
+        self._check_finished(result)
+        return result
+
+    def _check_finished(self, output: dict[str, Any]) -> None:
+        lines = output.get("output", "").lstrip().splitlines(keepends=True)
+        if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
+            from minisweagent.exceptions import Submitted
+
+            self.submission = "".join(lines[1:])
+            raise Submitted(
+                {
+                    "role": "exit",
+                    "content": self.submission,
+                    "extra": {"exit_status": "Submitted", "submission": self.submission},
+                }
+            )
+
+    # ------------------------------------------------------------------ reward
+
+    def diff(self) -> str:
+        """The agent's changes in /testbed as a patch against the task's base commit."""
+        self.start()
+        return run_sync(self.task_sandbox.diff())
+
+    def evaluate(self, patch: str | None = None) -> EvalResult:
+        """Grade `patch` (default: per `grade`, the submission or the diff) in a fresh sandbox."""
+        ts = self.task_sandbox
+        if ts.task is None:
+            raise MiniSandboxError("a plain sandbox has no task to evaluate")
+        if patch is None:
+            patch = self.diff() if self.config.grade == "diff" else self.submission or ""
+        return run_sync(ts.evaluate(patch, timeout=self.config.eval_timeout))
+
+    # ------------------------------------------------------------------ mini-swe-agent
+
+    def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        try:
+            from minisweagent.utils.serialize import recursive_merge
+        except ImportError:  # 1.x
+            recursive_merge = _merge
+        return recursive_merge(self.config.model_dump(), platform.uname()._asdict(), kwargs)
+
+    def serialize(self) -> dict[str, Any]:
+        return {
+            "info": {
+                "config": {
+                    "environment": self.config.model_dump(mode="json"),
+                    "environment_type": f"{type(self).__module__}.{type(self).__name__}",
+                }
+            }
+        }
+
+
+def _call(coro: Coroutine[Any, Any, None]) -> None:
+    """Run `coro` on the sandbox loop; wait unless called from that loop's own thread (a
+    garbage collection there), where waiting would deadlock."""
+    loop = _background_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.create_task(coro)
+    else:
+        run_sync(coro)
