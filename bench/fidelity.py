@@ -82,7 +82,10 @@ async def run_task(
     if not gold["resolved"]:
         problems.append(f"gold not resolved ({gold['status']}): {gold['reason']}")
     if empty["swebench_resolved"] or empty["resolved"]:
-        problems.append(f"empty patch resolved: {empty['reason']}")
+        problems.append(
+            "empty patch resolved by swebench's grading: the FAIL_TO_PASS tests pass without "
+            "the fix"
+        )
     if problems:
         out["failure"] = "; ".join(problems)
     return out
