@@ -76,7 +76,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from .. import errors
+from ..builder import Builder, BuildSettings, default_home
 from ..config import Limits
+from ..rootfs import DEFAULT_PATH
 from ..sandbox import Sandbox
 from ..session import ShellSession
 from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
@@ -92,6 +94,7 @@ _FOREVER = 10.0**7
 _ANSI = re.compile(r"\x1b[@-_][0-?]*[ -/]*[@-~]")
 # The prompt hook a ShellSession installs; startup files may replace PROMPT_COMMAND.
 _PROMPT_HOOK = "__msb_prompt"
+_ALIAS_DIR = "/root/.local/bin"
 
 
 def _log() -> logging.Logger:
@@ -401,6 +404,18 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
+def _builder(dataset: str) -> Builder:
+    """Locations from the environment ($MINISANDBOX_STORE, ...); the bundled examples build
+    from their own repositories, as the CLI does, unless a git mirror is set."""
+    settings = BuildSettings()
+    if dataset == DEFAULT_DATASET and settings.git_mirror is None:
+        from ..examples import materialize_mirror
+
+        mirror = materialize_mirror(default_home() / "examples-mirror")
+        settings = settings.model_copy(update={"git_mirror": mirror})
+    return Builder(settings)
+
+
 class MiniSandboxDeploymentConfig(BaseModel):
     """A minisandbox deployment: a task's environment (built on first use) or a plain sandbox
     (the host's system and Python, an empty writable /testbed)."""
@@ -483,12 +498,17 @@ class MiniSandboxDeployment(AbstractDeployment):
                 raise DeploymentStartupError(str(e)) from e
         self._hooks.on_custom_step("Starting sandbox")
         overrides: dict[str, Any] = {"network": cfg.network, "limits": cfg.limits}
+        # Offline, pip's retries only add a minute per install (SWE-agent's tool bundles try
+        # `pip install`): fail at once, with the same outcome.
+        env = dict(cfg.env) if cfg.network else {"PIP_RETRIES": "0", **cfg.env}
         if task is None:
-            overrides["env"] = dict(cfg.env)
+            # The host may have python3 but no `python`, which tools' shebangs (SWE-agent's)
+            # ask for: a plain sandbox gets an alias in a directory of its own on PATH.
+            overrides["env"] = {"PATH": f"{_ALIAS_DIR}:{DEFAULT_PATH}", **env}
         else:
             overrides["build"] = cfg.build
-            overrides["extra_env"] = dict(cfg.env)
-        box = TaskSandbox(task, **overrides)
+            overrides["extra_env"] = env
+        box = TaskSandbox(task, builder=_builder(cfg.dataset) if task else None, **overrides)
         try:
             sandbox = await asyncio.wait_for(box.start(), cfg.startup_timeout)
         except asyncio.TimeoutError:
@@ -499,6 +519,11 @@ class MiniSandboxDeployment(AbstractDeployment):
         except errors.MiniSandboxError as e:
             await box.stop()
             raise DeploymentStartupError(str(e)) from e
+        if task is None:
+            await sandbox.execute(
+                f"command -v python >/dev/null || {{ mkdir -p {_ALIAS_DIR} && "
+                f'ln -sf "$(command -v python3)" {_ALIAS_DIR}/python; }}'
+            )
         self._box = box
         self._runtime = MiniSandboxRuntime(sandbox, logger=self.logger)
         self.logger.info(
