@@ -526,7 +526,7 @@ class MiniSandboxDeployment(AbstractDeployment):
             )
         self._box = box
         self._runtime = MiniSandboxRuntime(sandbox, logger=self.logger)
-        self.logger.info(
+        self.logger.debug(
             "minisandbox %s started (%s)", sandbox.id, f"task {task.id}" if task else "plain"
         )
 
