@@ -13,15 +13,23 @@ from typing import Any
 import pytest
 
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
-pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (extra: minisweagent)")
+mswea = pytest.importorskip(
+    "minisweagent", reason="mini-swe-agent is not installed (extra: minisweagent)"
+)
 
-from minisweagent.agents.default import DefaultAgent
-from minisweagent.environments import get_environment
-from minisweagent.models.test_models import DeterministicModel, make_output
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
+from minisweagent.environments import get_environment  # noqa: E402
+from minisweagent.models.test_models import DeterministicModel  # noqa: E402
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.integrations.minisweagent import MiniSandboxEnvironment
-from minisandbox.loaders import load_tasks
+from minisandbox.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.integrations.minisweagent import MiniSandboxEnvironment  # noqa: E402
+from minisandbox.loaders import load_tasks  # noqa: E402
+
+V2 = int(mswea.__version__.split(".")[0]) >= 2
+v2_only = pytest.mark.skipif(not V2, reason="needs mini-swe-agent 2.x (1.x is installed)")
+v1_only = pytest.mark.skipif(
+    V2, reason="needs mini-swe-agent 1.x (2.x is installed): run in a venv with 'mini-swe-agent<2'"
+)
 
 TASK = "examples__semverkit-1"
 ENV_CLASS = "minisandbox.integrations.minisweagent.MiniSandboxEnvironment"
@@ -45,6 +53,8 @@ SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
 
 
 def turns(*commands: str) -> list[dict[str, Any]]:
+    from minisweagent.models.test_models import make_output  # 2.x
+
     return [make_output(f"step {i}", [{"command": c}]) for i, c in enumerate(commands)]
 
 
@@ -61,6 +71,7 @@ def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.Monke
     monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
 
 
+@v2_only
 def test_v2_agent_applies_gold_patch_and_submits_reward_1(builder: Builder) -> None:
     t0 = time.monotonic()
     env = MiniSandboxEnvironment(builder=builder, task=TASK, env={"PAGER": "cat"})
@@ -81,6 +92,7 @@ def test_v2_agent_applies_gold_patch_and_submits_reward_1(builder: Builder) -> N
         env.cleanup()
 
 
+@v2_only
 def test_v2_empty_submission_reward_0(builder: Builder) -> None:
     env = MiniSandboxEnvironment(builder=builder, task=TASK)
     try:
@@ -93,6 +105,7 @@ def test_v2_empty_submission_reward_0(builder: Builder) -> None:
         env.cleanup()
 
 
+@v2_only
 def test_v2_execute_contract(builder: Builder) -> None:
     """What 2.x environments return: output merged with stderr, returncode, exception_info,
     a timeout reported (not raised) with the output so far; cwd and env honoured."""
@@ -110,7 +123,12 @@ def test_v2_execute_contract(builder: Builder) -> None:
         r = env.execute({"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; false"})
         assert r["returncode"] == 1
         vars_ = env.get_template_vars(extra=1)
-        assert vars_["task"] == TASK and vars_["cwd"] == "/testbed" and vars_["extra"] == 1
+        assert (
+            vars_["task_id"] == TASK
+            and "task" not in vars_
+            and vars_["cwd"] == "/testbed"
+            and vars_["extra"] == 1
+        )
         ser = env.serialize()["info"]["config"]
         assert ser["environment_type"] == ENV_CLASS and ser["environment"]["task"] == TASK
         json.dumps(ser)
@@ -134,6 +152,23 @@ def test_v1_string_protocol(builder: Builder) -> None:
         env.cleanup()
 
 
+@v1_only
+def test_v1_agent_applies_gold_patch_and_submits_reward_1(builder: Builder) -> None:
+    """mini-swe-agent 1.x's own agent: string commands, it detects the submission itself."""
+    env = MiniSandboxEnvironment(builder=builder, task=TASK)
+    try:
+        outputs = [f"```bash\n{c}\n```" for c in (apply_cmd(gold_patch()), "sleep 30", SUBMIT)]
+        agent = DefaultAgent(DeterministicModel(outputs=outputs), env, step_limit=10)
+        env.config.timeout = 2  # the sleep times out: the agent is told, and goes on
+        status, submission = agent.run("fix semverkit")
+        assert status == "Submitted" and "timed out" in json.dumps(agent.messages)
+        assert env.evaluate(submission).reward == 1.0
+        assert env.evaluate("").reward == 0.0
+    finally:
+        env.cleanup()
+
+
+@v2_only
 def test_plain_sandbox_without_task() -> None:
     env = get_environment({"environment_class": ENV_CLASS})
     try:
@@ -144,6 +179,7 @@ def test_plain_sandbox_without_task() -> None:
         env.cleanup()
 
 
+@v2_only
 def test_swebench_batch_runner(use_settings: None, tmp_path: Path) -> None:
     """mini-swe-agent's SWE-bench runner, unmodified, with only `environment_class` changed:
     the task comes from the startup directive (the runner hands images only to environments

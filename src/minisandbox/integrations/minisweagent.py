@@ -246,7 +246,11 @@ class MiniSandboxEnvironment:
             from minisweagent.utils.serialize import recursive_merge
         except ImportError:  # 1.x
             recursive_merge = _merge
-        return recursive_merge(self.config.model_dump(), platform.uname()._asdict(), kwargs)
+        # The task is `task_id` here: agents pass the problem statement as `task`, and 1.x
+        # renders with both as keyword arguments (a duplicate is an error).
+        config = self.config.model_dump()
+        config["task_id"] = config.pop("task")
+        return recursive_merge(config, platform.uname()._asdict(), kwargs)
 
     def serialize(self) -> dict[str, Any]:
         return {
