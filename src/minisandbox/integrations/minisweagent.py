@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import subprocess
+import sys
 from collections.abc import Coroutine
 from typing import Any, Literal
 
@@ -133,8 +134,13 @@ class MiniSandboxEnvironment:
     close = stop = cleanup
 
     def __del__(self) -> None:
+        # Runners drop environments without closing them (docker's relies on __del__ too).
+        # Never wait here: a collection on the loop thread, or at interpreter exit, would hang.
+        ts = getattr(self, "_ts", None)
+        if ts is None or not ts.running or sys.is_finalizing():
+            return
         try:
-            self.cleanup()
+            asyncio.run_coroutine_threadsafe(ts.stop(), _background_loop())
         except Exception:
             pass
 
@@ -264,8 +270,8 @@ class MiniSandboxEnvironment:
 
 
 def _call(coro: Coroutine[Any, Any, None]) -> None:
-    """Run `coro` on the sandbox loop; wait unless called from that loop's own thread (a
-    garbage collection there), where waiting would deadlock."""
+    """Run `coro` on the sandbox loop; wait unless called from that loop's own thread, where
+    waiting would deadlock."""
     loop = _background_loop()
     try:
         running = asyncio.get_running_loop()
