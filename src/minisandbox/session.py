@@ -42,6 +42,11 @@ _TIOCGSID = 0x5429
 _PTMX_RDEV = os.makedev(5, 2)
 
 
+# The shell function that puts the prompt marker back; a caller whose startup files replace
+# PROMPT_COMMAND restores it by this name.
+PROMPT_HOOK = "__msb_prompt"
+
+
 class SessionResult(BaseModel):
     """What a session command printed (stdout and stderr interleaved, as on a terminal)."""
 
@@ -103,8 +108,8 @@ class ShellSession:
         asyncio.get_running_loop().add_reader(self._master, self._on_readable)
         # PROMPT_COMMAND puts the marker back should a command rewrite PS1 (venv activation).
         init = (
-            f"__msb_prompt() {{ __msb_rc=$?; PS1='__MSB{self._nonce}_${{__msb_rc}}__'; }}; "
-            "PROMPT_COMMAND=__msb_prompt; PS2=''; PS0=''; unset HISTFILE; set +o history\n"
+            f"{PROMPT_HOOK}() {{ __msb_rc=$?; PS1='__MSB{self._nonce}_${{__msb_rc}}__'; }}; "
+            f"PROMPT_COMMAND={PROMPT_HOOK}; PS2=''; PS0=''; unset HISTFILE; set +o history\n"
         )
         self._write(init.encode())
         try:

@@ -80,7 +80,7 @@ from ..builder import Builder, BuildSettings, default_home
 from ..config import Limits
 from ..rootfs import DEFAULT_PATH
 from ..sandbox import Sandbox
-from ..session import ShellSession
+from ..session import PROMPT_HOOK, ShellSession
 from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 
 __all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
@@ -93,7 +93,6 @@ PS1 = "SHELLPS1PREFIX"
 _FOREVER = 10.0**7
 _ANSI = re.compile(r"\x1b[@-_][0-?]*[ -/]*[@-~]")
 # The prompt hook a ShellSession installs; startup files may replace PROMPT_COMMAND.
-_PROMPT_HOOK = "__msb_prompt"
 _ALIAS_DIR = "/root/.local/bin"
 
 
@@ -194,7 +193,7 @@ class MiniSandboxRuntime(AbstractRuntime):
             # Sourced as swerex does (a missing file is reported, not fatal); the files may
             # replace PROMPT_COMMAND, which our prompt detection relies on.
             command = "; ".join(f"source {shlex.quote(p)}" for p in request.startup_source)
-            command += f"; PROMPT_COMMAND={_PROMPT_HOOK}"
+            command += f"; PROMPT_COMMAND={PROMPT_HOOK}"
             # A slow .bashrc gets at least a few seconds: the sandbox may start cold.
             timeout = max(request.startup_timeout, 5.0)
             try:

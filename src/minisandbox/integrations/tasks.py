@@ -47,6 +47,10 @@ def resolve_task(
     tasks = _dataset(os.fspath(dataset), envs_dir)
     wanted = task if task in tasks else instance_id_from_image(task) or task
     if wanted not in tasks:
+        # Image names are lowercase (SWE-agent lowercases the ones it derives from ids).
+        folded = {k.lower(): k for k in tasks}
+        wanted = folded.get(wanted.lower(), wanted)
+    if wanted not in tasks:
         raise MiniSandboxError(f"{dataset}: no task {task!r}")
     return tasks[wanted]
 
