@@ -21,18 +21,55 @@ _loop: asyncio.AbstractEventLoop | None = None
 _lock = threading.Lock()
 
 
-def _background_loop() -> asyncio.AbstractEventLoop:
+def background_loop() -> asyncio.AbstractEventLoop:
+    """The process's sandbox loop, started on first use in a daemon thread."""
     global _loop
     with _lock:
-        if _loop is None or not _loop.is_running():
+        if _loop is None or _loop.is_closed() or not _loop.is_running():
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="minisandbox-loop", daemon=True).start()
+            ready = threading.Event()
+
+            def run() -> None:
+                asyncio.set_event_loop(loop)
+                loop.call_soon(ready.set)
+                loop.run_forever()
+
+            threading.Thread(target=run, name="minisandbox-loop", daemon=True).start()
+            ready.wait()
             _loop = loop
         return _loop
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
-    return asyncio.run_coroutine_threadsafe(coro, _background_loop()).result()
+    """Run `coro` on the sandbox loop and block until it is done (not from that loop)."""
+    return asyncio.run_coroutine_threadsafe(coro, background_loop()).result()
+
+
+async def on_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """Await `coro` on the sandbox loop from any event loop. For callers that run a new loop
+    per call (asyncio.run each time): a sandbox belongs to the loop that started it."""
+    loop = background_loop()
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:
+        current = None
+    if current is loop:
+        return await coro
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+def call_soon(coro: Coroutine[Any, Any, None]) -> None:
+    """Run `coro` on the sandbox loop: wait for it, unless called from that loop's own thread,
+    where waiting would deadlock (then it is only scheduled)."""
+    loop = background_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop:
+        loop.create_task(coro)
+    else:
+        run_sync(coro)
 
 
 class SyncSession:

@@ -22,7 +22,6 @@ import platform
 import re
 import subprocess
 import sys
-from collections.abc import Coroutine
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -30,7 +29,7 @@ from pydantic import BaseModel
 from ..builder import Builder
 from ..errors import CommandTimeoutError, MiniSandboxError
 from ..evaluation import EvalResult
-from ..sync import _background_loop, run_sync
+from ..sync import background_loop, call_soon, run_sync
 from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -129,7 +128,7 @@ class MiniSandboxEnvironment:
         """Stop the sandbox (the task stays bound: `evaluate()` still works)."""
         ts = self._ts
         if ts is not None and ts.running:
-            _call(ts.stop())
+            call_soon(ts.stop())
 
     close = stop = cleanup
 
@@ -140,7 +139,7 @@ class MiniSandboxEnvironment:
         if ts is None or not ts.running or sys.is_finalizing():
             return
         try:
-            asyncio.run_coroutine_threadsafe(ts.stop(), _background_loop())
+            asyncio.run_coroutine_threadsafe(ts.stop(), background_loop())
         except Exception:
             pass
 
@@ -267,17 +266,3 @@ class MiniSandboxEnvironment:
                 }
             }
         }
-
-
-def _call(coro: Coroutine[Any, Any, None]) -> None:
-    """Run `coro` on the sandbox loop; wait unless called from that loop's own thread, where
-    waiting would deadlock."""
-    loop = _background_loop()
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        loop.create_task(coro)
-    else:
-        run_sync(coro)

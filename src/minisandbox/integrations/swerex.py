@@ -24,8 +24,6 @@ import logging
 import os
 import re
 import shlex
-import threading
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -81,6 +79,7 @@ from ..config import Limits
 from ..rootfs import DEFAULT_PATH
 from ..sandbox import Sandbox
 from ..session import PROMPT_HOOK, ShellSession
+from ..sync import on_loop
 from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 
 __all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
@@ -98,44 +97,6 @@ _ALIAS_DIR = "/root/.local/bin"
 
 def _log() -> logging.Logger:
     return logging.getLogger("minisandbox.swerex")
-
-
-# ---------------------------------------------------------------- the background loop
-
-_loop: asyncio.AbstractEventLoop | None = None
-_loop_lock = threading.Lock()
-
-
-def _background_loop() -> asyncio.AbstractEventLoop:
-    global _loop
-    with _loop_lock:
-        if _loop is None or _loop.is_closed():
-            loop = asyncio.new_event_loop()
-            ready = threading.Event()
-
-            def run() -> None:
-                asyncio.set_event_loop(loop)
-                loop.call_soon(ready.set)
-                loop.run_forever()
-
-            # Long-lived on purpose: bwrap runs with --die-with-parent, tied to the thread that
-            # started it, so the thread must outlive every sandbox it starts.
-            threading.Thread(target=run, name="minisandbox-swerex", daemon=True).start()
-            ready.wait()
-            _loop = loop
-        return _loop
-
-
-async def _on_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Run `coro` on the background loop and wait for it from whatever loop we are on."""
-    loop = _background_loop()
-    try:
-        current = asyncio.get_running_loop()
-    except RuntimeError:
-        current = None
-    if current is loop:
-        return await coro
-    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
 
 def _seconds(timeout: float | None) -> float:
@@ -179,7 +140,7 @@ class MiniSandboxRuntime(AbstractRuntime):
     # ------------------------------------------------------------ sessions
 
     async def create_session(self, request: CreateSessionRequest) -> CreateSessionResponse:
-        return await _on_loop(self._create_session(request))
+        return await on_loop(self._create_session(request))
 
     async def _create_session(self, request: CreateBashSessionRequest) -> CreateBashSessionResponse:
         if not isinstance(request, CreateBashSessionRequest):
@@ -212,7 +173,7 @@ class MiniSandboxRuntime(AbstractRuntime):
             raise SessionDoesNotExistError(f"session {name!r} does not exist") from None
 
     async def run_in_session(self, action: Action) -> Observation:
-        return await _on_loop(self._run_in_session(action))
+        return await on_loop(self._run_in_session(action))
 
     async def _run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
         session = self._session(action.session)
@@ -305,7 +266,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         )
 
     async def close_session(self, request: CloseSessionRequest) -> CloseSessionResponse:
-        return await _on_loop(self._close_session(request.session))
+        return await on_loop(self._close_session(request.session))
 
     async def _close_session(self, name: str) -> CloseBashSessionResponse:
         if name not in self._sessions:
@@ -318,7 +279,7 @@ class MiniSandboxRuntime(AbstractRuntime):
     # ------------------------------------------------------------ commands and files
 
     async def execute(self, command: Command) -> CommandResponse:
-        return await _on_loop(self._execute(command))
+        return await on_loop(self._execute(command))
 
     async def _execute(self, command: Command) -> CommandResponse:
         cmd = command.command
@@ -353,7 +314,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         return response
 
     async def read_file(self, request: ReadFileRequest) -> ReadFileResponse:
-        return await _on_loop(self._read_file(request))
+        return await on_loop(self._read_file(request))
 
     async def _read_file(self, request: ReadFileRequest) -> ReadFileResponse:
         try:
@@ -373,11 +334,11 @@ class MiniSandboxRuntime(AbstractRuntime):
         return ReadFileResponse(content=content.replace("\r\n", "\n").replace("\r", "\n"))
 
     async def write_file(self, request: WriteFileRequest) -> WriteFileResponse:
-        await _on_loop(self.sandbox.write_file(request.path, request.content))
+        await on_loop(self.sandbox.write_file(request.path, request.content))
         return WriteFileResponse()
 
     async def upload(self, request: UploadRequest) -> UploadResponse:
-        return await _on_loop(self._upload(request))
+        return await on_loop(self._upload(request))
 
     async def _upload(self, request: UploadRequest) -> UploadResponse:
         source, target = Path(request.source_path), request.target_path
@@ -392,7 +353,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         return UploadResponse()
 
     async def close(self) -> CloseResponse:
-        return await _on_loop(self._close())
+        return await on_loop(self._close())
 
     async def _close(self) -> CloseResponse:
         for name in list(self._sessions):
@@ -483,7 +444,7 @@ class MiniSandboxDeployment(AbstractDeployment):
     async def start(self) -> None:
         if self._runtime is not None:
             return
-        await _on_loop(self._start())
+        await on_loop(self._start())
 
     async def _start(self) -> None:
         cfg = self._config
@@ -539,7 +500,7 @@ class MiniSandboxDeployment(AbstractDeployment):
                 await runtime._close()
             await box.stop()
 
-        await _on_loop(stop())
+        await on_loop(stop())
 
     @property
     def runtime(self) -> MiniSandboxRuntime:
@@ -549,7 +510,7 @@ class MiniSandboxDeployment(AbstractDeployment):
 
     # Helpers for training loops: the agent's diff and its reward, without leaving swerex.
     async def diff(self) -> str:
-        return await _on_loop(self.task_sandbox.diff())
+        return await on_loop(self.task_sandbox.diff())
 
     async def evaluate(self, patch: str | None = None, *, timeout: float = 1800.0) -> Any:
-        return await _on_loop(self.task_sandbox.evaluate(patch, timeout=timeout))
+        return await on_loop(self.task_sandbox.evaluate(patch, timeout=timeout))
