@@ -25,7 +25,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -84,7 +84,6 @@ from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 
 __all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
 
-T = TypeVar("T")
 # What the expect_string of an observation says when a command ended at the shell's prompt:
 # swerex reports the PS1 it matched, and callers may compare against that value.
 PS1 = "SHELLPS1PREFIX"
