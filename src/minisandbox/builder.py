@@ -45,7 +45,26 @@ if TYPE_CHECKING:
 
 VENV = "/opt/venv"
 DEFAULT_IO_BUDGET = 2 * GiB
-_FORMAT = 3  # bump when what a task layer holds changes (3: no build-host mount points)
+_FORMAT = 4  # bump when what a task layer holds changes (4: the build wheelhouse)
+# Wheels of the repository's build requirements, fetched at build time: evaluation reinstalls
+# the package offline (SWE-bench's eval scripts run `pip install -e .`) with pip's usual build
+# isolation, from these, so the same setuptools builds it as at build time (another one can
+# change how an editable install is made, and tests that inspect sys.path with it).
+WHEELHOUSE = "/opt/minisandbox/wheelhouse"
+_BUILD_REQUIRES = """\
+import os
+requires = None
+if os.path.exists("pyproject.toml"):
+    try:
+        from pip._vendor import tomli as reader
+    except ImportError:
+        from pip._vendor import toml as reader
+    with open("pyproject.toml", encoding="utf-8") as fh:
+        requires = reader.loads(fh.read()).get("build-system", {}).get("requires")
+if requires is None:
+    requires = ["setuptools>=40.8.0"]
+print("\\n".join([*requires, "wheel"]))
+"""
 # Upper-layer paths that are build noise, not part of a layer.
 _NOISE = (
     "run",
@@ -316,6 +335,7 @@ class Builder:
                         script = "\n".join(["set -e", *task.pre_install, *task.install])
                         if task.pre_install or task.install:
                             await self._step(sb, task.id, logs, "install", script)
+                            await self._wheelhouse(sb, task, logs)
                 for noise in _NOISE:
                     target = upper / noise
                     if target.is_dir() and not target.is_symlink():
@@ -425,6 +445,19 @@ class Builder:
                 for name in [*dirnames, *filenames]:
                     os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
             os.chown(dest, *owner)
+
+    async def _wheelhouse(self, sb: Sandbox, task: Task, logs: Path) -> None:
+        """Download the repository's build requirements into WHEELHOUSE (see there)."""
+        await sb.write_file("/tmp/build_requires.py", _BUILD_REQUIRES)
+        await self._step(
+            sb,
+            task.id,
+            logs,
+            "wheelhouse",
+            "if [ -f pyproject.toml ] || [ -f setup.py ]; then "
+            "python /tmp/build_requires.py > /tmp/build-requires.txt && "
+            f"python -m pip download -q -d {WHEELHOUSE} -r /tmp/build-requires.txt; fi",
+        )
 
     def _log_dir(self, name: str) -> Path:
         path = self.settings.logs / name.replace("/", "_")

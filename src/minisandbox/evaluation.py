@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .builder import Builder
+from .builder import WHEELHOUSE, Builder
 from .errors import CommandTimeoutError, MiniSandboxError
 from .sandbox import Sandbox
 from .services import start_services
@@ -58,11 +58,12 @@ _HOOK_PATH = "/tmp/.minisandbox-eval-hook.sh"
 _RC_PATH = "/tmp/.minisandbox-test-rc"
 _HEREDOC = "EOF_114329324912"  # swebench's delimiter, so generated scripts read like theirs
 # Offline pip: the eval scripts of some repositories reinstall the package (`pip install -e .`);
-# with no index and no build isolation that uses what the environment already holds instead of
-# waiting on a network the sandbox does not have.
+# with no index it uses what the environment holds, and for pip's isolated build the wheels of
+# the build requirements that the builder kept (WHEELHOUSE), instead of waiting on a network the
+# sandbox does not have.
 EVAL_ENV = {
     "PIP_NO_INDEX": "1",
-    "PIP_NO_BUILD_ISOLATION": "0",  # pip reads this as --no-build-isolation
+    "PIP_FIND_LINKS": WHEELHOUSE,
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
 }
 # Sourced by bash before the eval script (BASH_ENV). Bash looks functions up before builtins,
