@@ -394,8 +394,15 @@ class Builder:
         """The repository at its base commit, with no remote and no ref that is not part of its
         history: an agent must not find the fix among later commits."""
         s = self.settings
-        if s.git_mirror is not None:
-            source = str(s.git_mirror / task.repo.replace("/", "__"))
+        name = task.repo.replace("/", "__")
+        if s.git_mirror is not None and (s.git_mirror / name).is_dir():
+            source = str(s.git_mirror / name)
+        elif task.source == "examples":  # the bundled tasks' repositories come with the package
+            from .examples import materialize_mirror
+
+            source = str(materialize_mirror(s.store.parent / "examples-mirror") / name)
+        elif s.git_mirror is not None:
+            source = str(s.git_mirror / name)
             if not os.path.isdir(source):
                 raise BuildError(
                     task.id,

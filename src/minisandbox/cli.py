@@ -102,7 +102,7 @@ IdsOpt = typer.Option(None, "--instance-ids", "-i", help="Only these tasks (repe
 
 
 def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | None) -> Builder:
-    from .builder import Builder, BuildSettings, default_home
+    from .builder import Builder, BuildSettings
 
     settings = BuildSettings()
     updates: dict[str, object] = {}
@@ -112,10 +112,6 @@ def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | 
         updates["cache"] = cache
     if mirror is not None:
         updates["git_mirror"] = mirror
-    elif tasks == "examples":
-        from .examples import materialize_mirror
-
-        updates["git_mirror"] = materialize_mirror(default_home() / "examples-mirror")
     return Builder(settings.model_copy(update=updates))
 
 

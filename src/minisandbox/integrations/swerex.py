@@ -74,7 +74,6 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from .. import errors
-from ..builder import Builder, BuildSettings, default_home
 from ..config import Limits
 from ..rootfs import DEFAULT_PATH
 from ..sandbox import Sandbox
@@ -363,18 +362,6 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
-def _builder(dataset: str) -> Builder:
-    """Locations from the environment ($MINISANDBOX_STORE, ...); the bundled examples build
-    from their own repositories, as the CLI does, unless a git mirror is set."""
-    settings = BuildSettings()
-    if dataset == DEFAULT_DATASET and settings.git_mirror is None:
-        from ..examples import materialize_mirror
-
-        mirror = materialize_mirror(default_home() / "examples-mirror")
-        settings = settings.model_copy(update={"git_mirror": mirror})
-    return Builder(settings)
-
-
 class MiniSandboxDeploymentConfig(BaseModel):
     """A minisandbox deployment: a task's environment (built on first use) or a plain sandbox
     (the host's system and Python, an empty writable /testbed)."""
@@ -467,7 +454,7 @@ class MiniSandboxDeployment(AbstractDeployment):
         else:
             overrides["build"] = cfg.build
             overrides["extra_env"] = env
-        box = TaskSandbox(task, builder=_builder(cfg.dataset) if task else None, **overrides)
+        box = TaskSandbox(task, **overrides)
         try:
             sandbox = await asyncio.wait_for(box.start(), cfg.startup_timeout)
         except asyncio.TimeoutError:
