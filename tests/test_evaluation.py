@@ -219,3 +219,19 @@ def test_xfail_counts_as_passed_and_missing_as_failed(task: Task) -> None:
     assert grade(t, _log("XFAIL tests/t.py::test_a\nPASSED tests/t.py::test_b")).resolved
     g = grade(t, _log("PASSED tests/t.py::test_a"))
     assert not g.resolved and g.tests_status["PASS_TO_PASS"]["failure"] == ["tests/t.py::test_b"]
+
+
+async def test_task_sandbox_has_what_the_official_images_have(
+    evaluator: Evaluator, task: Task
+) -> None:
+    async with evaluator.builder.sandbox(task) as sb:
+        r = await sb.execute(
+            "set -u; source /opt/miniconda3/bin/activate && conda activate testbed && "
+            "command -v python && readlink /opt/miniconda3/envs/testbed && "
+            "git commit -qam wip --allow-empty && git log -1 --format=%an",
+            cwd="/testbed",
+        )
+        assert r.exit_code == 0, r.output
+        assert r.stdout.split() == ["/opt/venv/bin/python", "/opt/venv", "SWE-bench"]
+        r = await sb.execute("source /opt/miniconda3/bin/activate; conda install numpy")
+        assert r.exit_code != 0 and "not available" in r.stderr

@@ -4,7 +4,7 @@ The official images hold a conda environment `testbed` under /opt/miniconda3; th
 start with `source /opt/miniconda3/bin/activate` and `conda activate testbed`. Our environment is
 the venv at /opt/venv, so this layer provides an `activate` that defines a `conda` shell function
 whose `activate` activates that venv, and `/opt/miniconda3/envs/testbed` pointing at it. The
-published scripts then run unchanged.
+published scripts then run unchanged. Git has the images' identity (`/etc/gitconfig`).
 
 The layer is made once per node (its name carries a hash of its content) and, like every lower
 layer, is read-only inside sandboxes.
@@ -37,8 +37,17 @@ conda() {{
 """
 
 
+# The official images set this identity (`git config --global`, in their setup script), so
+# agents and scripts can commit or stash; here as the system's config, leaving /root alone.
+GITCONFIG = """\
+[user]
+\temail = setup@swebench.config
+\tname = SWE-bench
+"""
+
+
 def _content_key() -> str:
-    return hashlib.sha256(ACTIVATE.encode()).hexdigest()[:16]
+    return hashlib.sha256((ACTIVATE + GITCONFIG).encode()).hexdigest()[:16]
 
 
 def compat_layer(root: Path, owner: tuple[int, int] | None) -> Path:
@@ -52,6 +61,8 @@ def compat_layer(root: Path, owner: tuple[int, int] | None) -> Path:
         bin_dir = staging / CONDA_PREFIX.lstrip("/") / "bin"
         bin_dir.mkdir(parents=True, mode=0o755)
         (bin_dir / "activate").write_text(ACTIVATE)
+        (staging / "etc").mkdir(mode=0o755)
+        (staging / "etc" / "gitconfig").write_text(GITCONFIG)
         envs = bin_dir.parent / "envs"
         envs.mkdir(mode=0o755)
         os.symlink(VENV, envs / "testbed")
