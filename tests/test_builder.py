@@ -119,3 +119,18 @@ def test_layers_hold_no_trace_of_the_build_host(settings: BuildSettings, built: 
         assert not [p for p in paths if p in ("etc/hosts", "etc/resolv.conf", "etc/hostname")]
         assert not [p for p in paths if p.startswith(("root/.pyenv", "usr", "work"))]
         assert not [p for p in paths if "/pip/" in p and p.endswith(".pyc")]
+
+
+def test_examples_mirror_made_by_concurrent_builders(tmp_path: Path) -> None:
+    # Builders of the bundled tasks make their repositories on first use, several at once.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from minisandbox.examples import materialize_mirror
+
+    mirror = tmp_path / "examples-mirror"
+    with ThreadPoolExecutor(6) as pool:
+        done = list(pool.map(lambda _: materialize_mirror(mirror), range(6)))
+    assert done == [mirror] * 6
+    repos = sorted(p.name for p in mirror.iterdir())
+    names = ("datekit", "semverkit", "tablekit")
+    assert repos == [f"minisandbox-examples__{n}" for n in names]

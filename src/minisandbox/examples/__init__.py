@@ -70,7 +70,11 @@ def materialize_mirror(mirror: Path) -> Path:
                     f"example {name}: its repository was committed as {commit}, not the recorded "
                     f"base commit {meta['base_commit']} (were its files changed?)"
                 )
-            os.rename(staging, target)
+            try:
+                os.rename(staging, target)
+            except OSError:
+                if not (target / ".git").is_dir():  # not another builder winning the race
+                    raise
         finally:
             if staging.exists():
                 shutil.rmtree(staging)
