@@ -235,3 +235,32 @@ async def test_task_sandbox_has_what_the_official_images_have(
         assert r.stdout.split() == ["/opt/venv/bin/python", "/opt/venv", "SWE-bench"]
         r = await sb.execute("source /opt/miniconda3/bin/activate; conda install numpy")
         assert r.exit_code != 0 and "not available" in r.stderr
+
+
+async def test_a_fix_that_adds_a_dependency_installs_it_offline(
+    evaluator: Evaluator, task: Task
+) -> None:
+    # The gold patch declares and imports a new dependency (six); the eval script reinstalls
+    # the package, as SWE-bench's do. The harness would fetch six from PyPI; here its wheel was
+    # fetched at build time into a layer only evaluation sandboxes mount.
+    gold = task.gold_patch.replace("@@ -1,6 +1,7 @@", "@@ -1,6 +1,8 @@").replace(
+        "+from packaging.version import Version\n",
+        "+from packaging.version import Version\n+import six  # noqa: F401\n",
+    ).replace("@@ -8,9 +9,9 @@", "@@ -8,9 +10,9 @@") + (
+        "diff --git a/pyproject.toml b/pyproject.toml\n--- a/pyproject.toml\n"
+        "+++ b/pyproject.toml\n@@ -6,5 +6,5 @@\n"
+        ' name = "semverkit"\n version = "0.1.0"\n requires-python = ">=3.8"\n'
+        '-dependencies = ["packaging>=21"]\n+dependencies = ["packaging>=21", "six"]\n \n'
+    )
+    ours = make_eval_script(task).split("\n", 2)[2]
+    script = "#!/bin/bash\nset -uxo pipefail\ncd /testbed\npython -m pip install -e .\n" + ours
+    variant = task.model_copy(update={"gold_patch": gold, "eval_script": script})
+    built = await evaluator.builder.build(variant)
+    assert built.status != "failed", built.error
+    r = await evaluator.evaluate(variant, gold)
+    assert r.status == "resolved", r.reason + r.log[-3000:]
+    assert "Successfully installed" in r.log and "six" in r.log
+    # The agent's sandbox has neither the wheel nor the package.
+    async with evaluator.builder.sandbox(variant) as sb:
+        probe = await sb.execute("ls /opt/minisandbox/; python -c 'import six'")
+        assert "eval-wheelhouse" not in probe.stdout and probe.exit_code != 0

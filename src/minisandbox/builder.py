@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -36,7 +37,7 @@ from .nodecache import NodeCache
 from .runtime import remove_tree
 from .sandbox import Sandbox
 from .services import tools_layers
-from .specs import Task
+from .specs import Task, files_in_patch
 from .store import LayerStore
 from .toolchains import Interpreter, find_interpreter
 
@@ -65,6 +66,15 @@ if requires is None:
     requires = ["setuptools>=40.8.0"]
 print("\\n".join([*requires, "wheel"]))
 """
+# When the gold patch changes the package's dependencies, the official harness installs the new
+# ones from PyPI while evaluating (its eval script reinstalls the package). Evaluation here has no
+# network, so the wheels the patched package needs are fetched at build time into a layer that
+# only evaluation sandboxes mount: an agent never sees which packages the fix brings.
+EVAL_WHEELHOUSE = "/opt/minisandbox/eval-wheelhouse"
+_DEPENDENCY_FILE = re.compile(
+    r"(^|/)(setup\.py|setup\.cfg|pyproject\.toml|requirements[^/]*\.txt)$"
+)
+_EVAL_DEPS_FORMAT = 1
 # Upper-layer paths that are build noise, not part of a layer.
 _NOISE = (
     "run",
@@ -212,6 +222,22 @@ class Builder:
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
         return f"task/{digest}"
 
+    def eval_deps_ref(self, task: Task, task_layer: str) -> str | None:
+        """The ref of the task's evaluation-only wheels (see EVAL_WHEELHOUSE), or None when its
+        gold patch leaves the dependencies alone."""
+        files = files_in_patch(task.gold_patch) if task.gold_patch else []
+        if not any(_DEPENDENCY_FILE.search(f) for f in files):
+            return None
+        spec = {"format": _EVAL_DEPS_FORMAT, "task_layer": task_layer, "gold": task.gold_patch}
+        return f"evaldeps/{hashlib.sha256(json.dumps(spec).encode()).hexdigest()}"
+
+    def eval_layers(self, task: Task) -> list[str]:
+        """Layers that evaluation sandboxes of the task add to its own (present ones only)."""
+        layers = self.layers_of(task)
+        ref = self.eval_deps_ref(task, layers[1]) if layers else None
+        found = self.store.resolve(ref) if ref else None
+        return [found] if found else []
+
     def layers_of(self, task: Task) -> tuple[str, str] | None:
         """(environment layer, task layer) ids when both are in the store."""
         env_layer = self.store.resolve(self.env_ref(task))
@@ -235,6 +261,7 @@ class Builder:
         try:
             env_layer = await self._env_layer(task, force, made)
             task_layer = await self._task_layer(task, env_layer, force, made)
+            await self._eval_deps_layer(task, env_layer, task_layer, force, made)
         except MiniSandboxError as e:
             return BuildResult(
                 task_id=task.id,
@@ -453,6 +480,42 @@ class Builder:
                     os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
             os.chown(dest, *owner)
 
+    async def _eval_deps_layer(
+        self, task: Task, env_layer: str, task_layer: str, force: bool, made: list[str]
+    ) -> str | None:
+        ref = self.eval_deps_ref(task, task_layer)
+        if ref is None:
+            return None
+        async with self._lock(ref):
+            existing = self.store.resolve(ref)
+            if existing and not force:
+                return existing
+            interp = self.interpreter(task)
+            logs = self._log_dir(f"task/{task.id}")
+            with self._workdir("evaldeps-") as work:
+                upper = work / "upper"
+                upper.mkdir()
+                async with self.cache.use([env_layer, task_layer]) as paths:
+                    config = self._build_config(interp, upper=upper, layers=paths)
+                    async with Sandbox(config) as sb:
+                        await sb.write_file("/tmp/gold.patch", task.gold_patch)
+                        # On a copy: the task layer must not learn what the fix changes.
+                        await self._step(
+                            sb,
+                            task.id,
+                            logs,
+                            "eval_deps",
+                            "cp -a /testbed /tmp/gold && cd /tmp/gold && "
+                            "git apply /tmp/gold.patch && "
+                            f"python -m pip download -q -d {EVAL_WHEELHOUSE} /tmp/gold",
+                        )
+                layer_dir = work / "layer"
+                (layer_dir / "opt" / "minisandbox").mkdir(parents=True)
+                wheels = EVAL_WHEELHOUSE.lstrip("/")
+                os.rename(upper / wheels, layer_dir / wheels)
+                meta = {"kind": "evaldeps", "task": task.id, "task_layer": task_layer}
+                return await self._publish(ref, layer_dir, meta, interp, logs, made)
+
     async def _wheelhouse(self, sb: Sandbox, task: Task, logs: Path) -> None:
         """Download the repository's build requirements into WHEELHOUSE (see there)."""
         await sb.write_file("/tmp/build_requires.py", _BUILD_REQUIRES)
@@ -490,6 +553,7 @@ class Builder:
         *,
         build: bool = True,
         extra_env: dict[str, str] | None = None,
+        evaluation: bool = False,
         require_validated: bool | None = None,
         **overrides: object,
     ) -> AsyncIterator[Sandbox]:
@@ -497,6 +561,7 @@ class Builder:
         under the I/O budget), the repository at /testbed, its venv active, its interpreter
         mounted, SWE-bench's conda activation provided. Builds the layers first when missing
         and `build` is true. `extra_env` is added to the task's environment variables.
+        `evaluation` adds the layers only evaluation may see (EVAL_WHEELHOUSE).
         `require_validated` (default: the settings') refuses a task without a passing
         validation."""
         if self.require_validated if require_validated is None else require_validated:
@@ -515,13 +580,18 @@ class Builder:
         compat = compat_layer(self.settings.cache / "compat", self.cache.owner)
         # The tools environments of the task's test services (services.py), on top.
         tools, tool_paths = await tools_layers(self, task)
-        async with self.cache.use([*layers, *tools]) as paths:
+        # Evaluation's own layers (EVAL_WHEELHOUSE) go only into evaluation sandboxes.
+        extra = self.eval_layers(task) if evaluation else []
+        env = {**task.env.env, **(extra_env or {})}
+        if extra:  # pip splits PIP_FIND_LINKS on whitespace
+            env["PIP_FIND_LINKS"] = f"{env.get('PIP_FIND_LINKS', '')} {EVAL_WHEELHOUSE}".strip()
+        async with self.cache.use([*layers, *extra, *tools]) as paths:
             config = SandboxConfig(
                 layers=[compat, *paths],
                 ro_paths=sorted({interp.prefix, *tool_paths}),
                 venv=VENV,
                 workdir="/testbed",
-                env={**task.env.env, **(extra_env or {})},
+                env=env,
                 **overrides,  # type: ignore[arg-type]
             )
             async with Sandbox(config) as sb:

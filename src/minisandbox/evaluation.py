@@ -262,7 +262,7 @@ class Evaluator:
             instance_id=task.id, status="error", resolved=False, reward=0.0, empty_patch=empty
         )
         try:
-            async with self.builder.sandbox(task, extra_env=EVAL_ENV) as sb:
+            async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
                 await self._run(sb, task, patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
