@@ -45,15 +45,18 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run_coroutine_threadsafe(coro, background_loop()).result()
 
 
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 async def on_loop(coro: Coroutine[Any, Any, T]) -> T:
     """Await `coro` on the sandbox loop from any event loop. For callers that run a new loop
     per call (asyncio.run each time): a sandbox belongs to the loop that started it."""
     loop = background_loop()
-    try:
-        current = asyncio.get_running_loop()
-    except RuntimeError:
-        current = None
-    if current is loop:
+    if _running_loop() is loop:
         return await coro
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
@@ -62,11 +65,7 @@ def call_soon(coro: Coroutine[Any, Any, None]) -> None:
     """Run `coro` on the sandbox loop: wait for it, unless called from that loop's own thread,
     where waiting would deadlock (then it is only scheduled)."""
     loop = background_loop()
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
+    if _running_loop() is loop:
         loop.create_task(coro)
     else:
         run_sync(coro)
