@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -231,10 +231,9 @@ class Builder:
         spec = {"format": _EVAL_DEPS_FORMAT, "task_layer": task_layer, "gold": task.gold_patch}
         return f"evaldeps/{hashlib.sha256(json.dumps(spec).encode()).hexdigest()}"
 
-    def eval_layers(self, task: Task) -> list[str]:
+    def eval_layers(self, task: Task, task_layer: str) -> list[str]:
         """Layers that evaluation sandboxes of the task add to its own (present ones only)."""
-        layers = self.layers_of(task)
-        ref = self.eval_deps_ref(task, layers[1]) if layers else None
+        ref = self.eval_deps_ref(task, task_layer)
         found = self.store.resolve(ref) if ref else None
         return [found] if found else []
 
@@ -293,88 +292,98 @@ class Builder:
             finally:
                 os.close(fd)  # closing drops the lock
 
-    async def _env_layer(self, task: Task, force: bool, made: list[str]) -> str:
-        ref = self.env_ref(task)
-        async with self._lock(ref):  # tasks sharing a recipe build it once
-            existing = self.store.resolve(ref)
-            if existing and not force:
-                return existing
-            interp = self.interpreter(task)
-            logs = self._log_dir(ref)
-            with self._workdir("env-") as work:
-                upper = work / "upper"
-                config = self._build_config(interp, upper=upper)
-                async with Sandbox(config) as sb:
-                    await self._step(
-                        sb, ref, logs, "venv", f"uv venv --seed --python {interp.executable} {VENV}"
-                    )
-                    reqs = "\n".join(task.env.requirements) + "\n"
-                    await sb.write_file("/tmp/requirements.txt", reqs)
-                    if task.env.requirements:
-                        options = " ".join(task.env.pip_options)
-                        await self._step(
-                            sb,
-                            ref,
-                            logs,
-                            "requirements",
-                            f"uv pip install --python {VENV}/bin/python --link-mode copy "
-                            f"--compile-bytecode {options} -r /tmp/requirements.txt",
-                        )
-                    # Bytecode now, once: otherwise the first import or pip run of every task
-                    # writes its own copy of the environment's .pyc files into its task layer.
-                    await self._step(
-                        sb,
-                        ref,
-                        logs,
-                        "bytecode",
-                        f"{VENV}/bin/python -m compileall -q -j 0 {VENV}/lib || true",
-                    )
-                layer_dir = work / "layer"
-                (layer_dir / "opt").mkdir(parents=True)
-                os.rename(upper / "opt" / "venv", layer_dir / "opt" / "venv")
-                meta = {"kind": "env", "recipe": task.env.model_dump()}
-                return await self._publish(ref, layer_dir, meta, interp, logs, made)
-
-    async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
-        ref = self.task_ref(task, env_layer)
+    async def _once(self, ref: str, force: bool, make: Callable[[], Awaitable[str]]) -> str:
+        """The layer `ref` names: the stored one, else (or with `force`) the one `make()`
+        builds and publishes, under the ref's build lock, so it is built once."""
         async with self._lock(ref):
             existing = self.store.resolve(ref)
             if existing and not force:
                 return existing
-            interp = self.interpreter(task)
-            logs = self._log_dir(f"task/{task.id}")
-            with self._workdir("task-") as work:
-                upper = work / "upper"
-                upper.mkdir()
-                await asyncio.to_thread(self._checkout, task, upper / "testbed", logs)
-                async with self.cache.use([env_layer]) as (env_path,):
-                    config = self._build_config(interp, upper=upper, layers=[env_path])
-                    async with Sandbox(config) as sb:
-                        if task.bug_patch:
-                            await sb.write_file("/tmp/bug.patch", task.bug_patch)
-                            await self._step(
-                                sb,
-                                task.id,
-                                logs,
-                                "bug_patch",
-                                "git apply /tmp/bug.patch && git commit -qam bug",
-                            )
-                        script = "\n".join(["set -e", *task.pre_install, *task.install])
-                        if task.pre_install or task.install:
-                            await self._step(sb, task.id, logs, "install", script)
-                            await self._wheelhouse(sb, task, logs)
-                for noise in _NOISE:
-                    target = upper / noise
-                    if target.is_dir() and not target.is_symlink():
-                        shutil.rmtree(target)
-                    elif os.path.lexists(target):
-                        os.unlink(target)
-                # The empty mount points of the build's host paths (interpreter, uv): a layer
-                # must not depend on where the builder's host keeps them.
-                for host_path in config.ro_paths:
-                    _remove_empty_chain(upper, upper / str(host_path).lstrip("/"))
-                meta = {"kind": "task", "task": task.id, "env_layer": env_layer}
-                return await self._publish(ref, upper, meta, interp, logs, made)
+            return await make()
+
+    async def _env_layer(self, task: Task, force: bool, made: list[str]) -> str:
+        ref = self.env_ref(task)
+        # Tasks sharing a recipe build it once.
+        return await self._once(ref, force, lambda: self._make_env_layer(task, ref, made))
+
+    async def _make_env_layer(self, task: Task, ref: str, made: list[str]) -> str:
+        interp = self.interpreter(task)
+        logs = self._log_dir(ref)
+        with self._workdir("env-") as work:
+            upper = work / "upper"
+            config = self._build_config(interp, upper=upper)
+            async with Sandbox(config) as sb:
+                await self._step(
+                    sb, ref, logs, "venv", f"uv venv --seed --python {interp.executable} {VENV}"
+                )
+                reqs = "\n".join(task.env.requirements) + "\n"
+                await sb.write_file("/tmp/requirements.txt", reqs)
+                if task.env.requirements:
+                    options = " ".join(task.env.pip_options)
+                    await self._step(
+                        sb,
+                        ref,
+                        logs,
+                        "requirements",
+                        f"uv pip install --python {VENV}/bin/python --link-mode copy "
+                        f"--compile-bytecode {options} -r /tmp/requirements.txt",
+                    )
+                # Bytecode now, once: otherwise the first import or pip run of every task
+                # writes its own copy of the environment's .pyc files into its task layer.
+                await self._step(
+                    sb,
+                    ref,
+                    logs,
+                    "bytecode",
+                    f"{VENV}/bin/python -m compileall -q -j 0 {VENV}/lib || true",
+                )
+            layer_dir = work / "layer"
+            (layer_dir / "opt").mkdir(parents=True)
+            os.rename(upper / "opt" / "venv", layer_dir / "opt" / "venv")
+            meta = {"kind": "env", "recipe": task.env.model_dump()}
+            return await self._publish(ref, layer_dir, meta, interp, logs, made)
+
+    async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
+        ref = self.task_ref(task, env_layer)
+        return await self._once(
+            ref, force, lambda: self._make_task_layer(task, env_layer, ref, made)
+        )
+
+    async def _make_task_layer(self, task: Task, env_layer: str, ref: str, made: list[str]) -> str:
+        interp = self.interpreter(task)
+        logs = self._log_dir(f"task/{task.id}")
+        with self._workdir("task-") as work:
+            upper = work / "upper"
+            upper.mkdir()
+            await asyncio.to_thread(self._checkout, task, upper / "testbed", logs)
+            async with self.cache.use([env_layer]) as (env_path,):
+                config = self._build_config(interp, upper=upper, layers=[env_path])
+                async with Sandbox(config) as sb:
+                    if task.bug_patch:
+                        await sb.write_file("/tmp/bug.patch", task.bug_patch)
+                        await self._step(
+                            sb,
+                            task.id,
+                            logs,
+                            "bug_patch",
+                            "git apply /tmp/bug.patch && git commit -qam bug",
+                        )
+                    script = "\n".join(["set -e", *task.pre_install, *task.install])
+                    if task.pre_install or task.install:
+                        await self._step(sb, task.id, logs, "install", script)
+                        await self._wheelhouse(sb, task, logs)
+            for noise in _NOISE:
+                target = upper / noise
+                if target.is_dir() and not target.is_symlink():
+                    shutil.rmtree(target)
+                elif os.path.lexists(target):
+                    os.unlink(target)
+            # The empty mount points of the build's host paths (interpreter, uv): a layer
+            # must not depend on where the builder's host keeps them.
+            for host_path in config.ro_paths:
+                _remove_empty_chain(upper, upper / str(host_path).lstrip("/"))
+            meta = {"kind": "task", "task": task.id, "env_layer": env_layer}
+            return await self._publish(ref, upper, meta, interp, logs, made)
 
     async def _publish(
         self, ref: str, tree: Path, meta: dict, interp: Interpreter, logs: Path, made: list[str]
@@ -486,35 +495,38 @@ class Builder:
         ref = self.eval_deps_ref(task, task_layer)
         if ref is None:
             return None
-        async with self._lock(ref):
-            existing = self.store.resolve(ref)
-            if existing and not force:
-                return existing
-            interp = self.interpreter(task)
-            logs = self._log_dir(f"task/{task.id}")
-            with self._workdir("evaldeps-") as work:
-                upper = work / "upper"
-                upper.mkdir()
-                async with self.cache.use([env_layer, task_layer]) as paths:
-                    config = self._build_config(interp, upper=upper, layers=paths)
-                    async with Sandbox(config) as sb:
-                        await sb.write_file("/tmp/gold.patch", task.gold_patch)
-                        # On a copy: the task layer must not learn what the fix changes.
-                        await self._step(
-                            sb,
-                            task.id,
-                            logs,
-                            "eval_deps",
-                            "cp -a /testbed /tmp/gold && cd /tmp/gold && "
-                            "git apply /tmp/gold.patch && "
-                            f"python -m pip download -q -d {EVAL_WHEELHOUSE} /tmp/gold",
-                        )
-                layer_dir = work / "layer"
-                (layer_dir / "opt" / "minisandbox").mkdir(parents=True)
-                wheels = EVAL_WHEELHOUSE.lstrip("/")
-                os.rename(upper / wheels, layer_dir / wheels)
-                meta = {"kind": "evaldeps", "task": task.id, "task_layer": task_layer}
-                return await self._publish(ref, layer_dir, meta, interp, logs, made)
+        return await self._once(
+            ref, force, lambda: self._make_eval_deps_layer(task, env_layer, task_layer, ref, made)
+        )
+
+    async def _make_eval_deps_layer(
+        self, task: Task, env_layer: str, task_layer: str, ref: str, made: list[str]
+    ) -> str:
+        interp = self.interpreter(task)
+        logs = self._log_dir(f"task/{task.id}")
+        with self._workdir("evaldeps-") as work:
+            upper = work / "upper"
+            upper.mkdir()
+            async with self.cache.use([env_layer, task_layer]) as paths:
+                config = self._build_config(interp, upper=upper, layers=paths)
+                async with Sandbox(config) as sb:
+                    await sb.write_file("/tmp/gold.patch", task.gold_patch)
+                    # On a copy: the task layer must not learn what the fix changes.
+                    await self._step(
+                        sb,
+                        task.id,
+                        logs,
+                        "eval_deps",
+                        "cp -a /testbed /tmp/gold && cd /tmp/gold && "
+                        "git apply /tmp/gold.patch && "
+                        f"python -m pip download -q -d {EVAL_WHEELHOUSE} /tmp/gold",
+                    )
+            layer_dir = work / "layer"
+            (layer_dir / "opt" / "minisandbox").mkdir(parents=True)
+            wheels = EVAL_WHEELHOUSE.lstrip("/")
+            os.rename(upper / wheels, layer_dir / wheels)
+            meta = {"kind": "evaldeps", "task": task.id, "task_layer": task_layer}
+            return await self._publish(ref, layer_dir, meta, interp, logs, made)
 
     async def _wheelhouse(self, sb: Sandbox, task: Task, logs: Path) -> None:
         """Download the repository's build requirements into WHEELHOUSE (see there)."""
@@ -581,7 +593,7 @@ class Builder:
         # The tools environments of the task's test services (services.py), on top.
         tools, tool_paths = await tools_layers(self, task)
         # Evaluation's own layers (EVAL_WHEELHOUSE) go only into evaluation sandboxes.
-        extra = self.eval_layers(task) if evaluation else []
+        extra = self.eval_layers(task, layers[1]) if evaluation else []
         env = {**task.env.env, **(extra_env or {})}
         if extra:  # pip splits PIP_FIND_LINKS on whitespace
             env["PIP_FIND_LINKS"] = f"{env.get('PIP_FIND_LINKS', '')} {EVAL_WHEELHOUSE}".strip()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -123,6 +124,7 @@ def check_services(task: Task) -> None:
 # ---------------------------------------------------------------- tools environments
 
 
+@functools.cache  # discovery runs programs: once per process, as Builder.interpreter does
 def tools_interpreter() -> Interpreter:
     for version in TOOLS_PYTHONS:
         with contextlib.suppress(ToolchainNotFoundError):
@@ -160,14 +162,12 @@ async def tools_layers(builder: Builder, task: Task) -> tuple[list[str], list[Pa
 async def build_tools_layer(builder: Builder, service: str, interp: Interpreter) -> str:
     """The layer id of `service`'s tools environment, built and published once per store."""
     ref = tools_ref(service, interp)
-    existing = builder.store.resolve(ref)
+    existing = builder.store.resolve(ref)  # the usual case, without taking the build lock
     if existing:
         return existing
-    # The builder's own steps: a build sandbox with the network, logged, one build at a time.
-    async with builder._lock(ref):
-        existing = builder.store.resolve(ref)
-        if existing:
-            return existing
+
+    async def make() -> str:
+        # The builder's own steps: a build sandbox with the network, logged.
         venv = f"{TOOLS_ROOT}/{service}"
         logs = builder._log_dir(ref)
         with builder._workdir("tools-") as work:
@@ -190,6 +190,8 @@ async def build_tools_layer(builder: Builder, service: str, interp: Interpreter)
             os.rename(upper / venv.lstrip("/"), layer_dir / venv.lstrip("/"))
             meta = {"kind": "tools", "service": service}
             return await builder._publish(ref, layer_dir, meta, interp, logs, [])
+
+    return await builder._once(ref, False, make)
 
 
 # ---------------------------------------------------------------- running services
