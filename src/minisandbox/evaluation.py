@@ -22,6 +22,8 @@ needs (e.g. httpbin) is served inside the sandbox on loopback (see `services`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import shlex
 import time
 from collections.abc import Callable
@@ -31,7 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from .builder import WHEELHOUSE, Builder
-from .errors import CommandTimeoutError, MiniSandboxError
+from .errors import CommandTimeoutError, MiniSandboxError, SandboxFileError
 from .sandbox import Sandbox
 from .services import start_services
 from .specs import Task
@@ -154,12 +156,10 @@ def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
     name = f"parse_log_{task.log_parser.removeprefix('parse_log_')}"
     fn = None
     for module_name in ("python", "javascript", "go", "java", "c", "php", "ruby", "rust"):
-        module = getattr(sb.log_parsers, module_name, None)
-        if module is None:
-            try:
-                module = __import__(f"swebench.harness.log_parsers.{module_name}", fromlist=["x"])
-            except ImportError:
-                continue
+        try:
+            module = importlib.import_module(f"swebench.harness.log_parsers.{module_name}")
+        except ImportError:  # a language this swebench version does not have
+            continue
         fn = getattr(module, name, None)
         if fn is not None:
             break
@@ -296,9 +296,10 @@ class Evaluator:
             result.status = "unresolved"
             result.reason = f"the tests timed out after {self.timeout:g} s (process tree killed)"
             return
-        rc = await sb.execute(["cat", _RC_PATH])
-        if rc.exit_code == 0 and rc.stdout.strip().lstrip("-").isdigit():
-            result.test_exit_code = int(rc.stdout.strip())
+        with contextlib.suppress(SandboxFileError):  # absent: the end marker never ran
+            rc = (await sb.read_text(_RC_PATH)).strip()
+            if rc.lstrip("-").isdigit():
+                result.test_exit_code = int(rc)
         g = grade(task, result.log, test_exit_code=result.test_exit_code)
         result.resolved, result.swebench_resolved = g.resolved, g.swebench_resolved
         result.test_results, result.tests_status = g.test_results, g.tests_status
