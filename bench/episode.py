@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from _common import host_info, log, run_main
+from _common import host_info, log, percentile, run_main
 
 from minisandbox.builder import Builder, BuildSettings
 from minisandbox.evaluation import EVAL_ENV, Evaluator, make_eval_script
@@ -32,12 +32,6 @@ from minisandbox.specs import Task
 
 # What SWE-agent runs to reset the repository at the start of an episode.
 RESET = "git status >/dev/null && git restore . && git reset --hard -q && git clean -fdq"
-
-
-def _median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 async def _timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
@@ -132,7 +126,7 @@ async def main() -> dict[str, Any]:
                 samples.setdefault("minisweagent_start_s", []).append(m)
     result: dict[str, Any] = {"benchmark": "episode", "tasks": len(tasks), "rounds": args.rounds}
     for key, values in samples.items():
-        result[f"{key.removesuffix('_s')}_p50_s"] = round(_median(values), 4)
+        result[f"{key.removesuffix('_s')}_p50_s"] = round(percentile(values, 50), 4)
     result["overhead_ratio_vs_tests"] = round(result["overhead_p50_s"] / result["tests_p50_s"], 3)
     result["host"] = host_info()
     return result
