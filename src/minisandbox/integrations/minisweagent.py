@@ -38,6 +38,15 @@ _TASK_DIRECTIVE = re.compile(r"^\s*#\s*minisandbox-task[\s:=]+(?P<task>\S+)\s*$"
 logger = logging.getLogger("minisweagent.environment")
 
 
+def submission(output: str, returncode: int) -> str | None:
+    """What a command submitted, by mini-swe-agent's rule (the marker as the first line of the
+    output of a command that succeeded), else None."""
+    lines = output.lstrip().splitlines(keepends=True)
+    if returncode == 0 and lines and lines[0].strip() == SUBMIT_MARKER:
+        return "".join(lines[1:])
+    return None
+
+
 class MiniSandboxEnvironmentConfig(BaseModel):
     """Settings of `MiniSandboxEnvironment` (unknown keys, e.g. docker's `run_args`, are ignored
     so a docker config can be reused by changing only `environment_class`)."""
@@ -215,11 +224,11 @@ class MiniSandboxEnvironment:
         return result
 
     def _check_finished(self, output: dict[str, Any]) -> None:
-        lines = output.get("output", "").lstrip().splitlines(keepends=True)
-        if lines and lines[0].strip() == SUBMIT_MARKER and output["returncode"] == 0:
+        found = submission(output.get("output", ""), output["returncode"])
+        if found is not None:
             from minisweagent.exceptions import Submitted
 
-            self.submission = "".join(lines[1:])
+            self.submission = found
             raise Submitted(
                 {
                     "role": "exit",

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..builder import Builder
 from ..evaluation import EvalResult
-from .minisweagent import SUBMIT_MARKER, MiniSandboxEnvironment
+from .minisweagent import MiniSandboxEnvironment, submission
 from .tasks import DEFAULT_DATASET
 
 try:
@@ -103,9 +103,9 @@ class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
                 output = (e.output or b"").decode(errors="replace")
                 text = f"The command timed out.\n<output>\n{output}</output>"
             else:
-                lines = output.lstrip().splitlines(keepends=True)
-                if code == 0 and lines and lines[0].strip() == SUBMIT_MARKER:
-                    self.submission = "".join(lines[1:])
+                found = submission(output, code)
+                if found is not None:
+                    self.submission = found
                     return self._finish(action, "submitted")
                 text = f"<returncode>{code}</returncode>\n<output>\n{output}</output>"
         if self.turns >= self.max_turns:
