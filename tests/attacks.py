@@ -1139,7 +1139,7 @@ async def attack_forge_command_result(ctx: AttackContext) -> None:
 
 # The attacks on the host code around the sandbox live beside this file, one module per area;
 # importing them registers them (they import this module's helpers, so they come last).
-import attacks_build  # noqa: E402, F401, I001
+import attacks_build  # noqa: E402, F401
 import attacks_cli  # noqa: E402, F401
 import attacks_limits  # noqa: E402, F401
 import attacks_sessions  # noqa: E402, F401
