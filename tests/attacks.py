@@ -1141,5 +1141,6 @@ async def attack_forge_command_result(ctx: AttackContext) -> None:
 # importing them registers them (they import this module's helpers, so they come last).
 import attacks_build  # noqa: E402, F401
 import attacks_cli  # noqa: E402, F401
+import attacks_files  # noqa: E402, F401
 import attacks_limits  # noqa: E402, F401
 import attacks_sessions  # noqa: E402, F401
