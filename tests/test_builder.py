@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from conftest import give_to_sandbox
 from minisandbox.builder import Builder, BuildSettings
 from minisandbox.loaders import load_tasks
-from minisandbox.specs import EnvRecipe
+from minisandbox.specs import EnvRecipe, Task
 
 
 def test_rebuild_is_cached_and_layers_are_shared(settings: BuildSettings, built: list) -> None:
@@ -134,3 +138,166 @@ def test_examples_mirror_made_by_concurrent_builders(tmp_path: Path) -> None:
     repos = sorted(p.name for p in mirror.iterdir())
     names = ("datekit", "semverkit", "tablekit")
     assert repos == [f"minisandbox-examples__{n}" for n in names]
+
+
+# ------------------------------------------------- repairing the store, sweeping killed builds
+
+
+@pytest.fixture(scope="module")
+def private(home: Path, settings: BuildSettings) -> tuple[BuildSettings, Task]:
+    """A store of its own (these tests damage it), with a quick task: no requirements, no
+    install step (the repository's checkout is what the task layer holds)."""
+    base = home / "repair"
+    own = BuildSettings(store=base / "store", cache=base / "layers", git_mirror=settings.git_mirror)
+    task = load_tasks("examples")[0]
+    task = task.model_copy(
+        update={"id": "repair", "env": EnvRecipe(python=task.env.python), "install": []}
+    )
+    r = asyncio.run(Builder(own).build(task))
+    assert r.status == "built", r.error
+    return own, task
+
+
+def _testbed_blob(builder: Builder, layer: str) -> tuple[str, Path]:
+    """A blob of the layer holding checkout files (the same bytes in every rebuild)."""
+    doc = builder.store.manifest(layer)
+    entry = next(
+        e for e in doc["entries"] if e[0] == "f" and e[1].startswith("testbed/src/") and e[3]
+    )
+    sha = doc["blobs"][entry[5]]
+    return sha, builder.store.blob_path(sha)
+
+
+def _damage(path: Path) -> None:
+    os.chmod(path, 0o644)
+    path.write_bytes(path.read_bytes()[:-8] + b"garbage!")
+
+
+def test_forced_rebuild_repairs_a_corrupt_blob(private: tuple, tmp_path: Path) -> None:
+    settings, task = private
+    builder = Builder(settings)
+    layers = builder.layers_of(task)
+    assert layers is not None
+    sha, blob = _testbed_blob(builder, layers[1])
+    _damage(blob)
+    r = asyncio.run(builder.build(task, force=True))
+    assert r.status == "built" and r.task_layer, r.error
+    # The rebuilt layer holds the same checkout bytes, so the same blob (the positive control:
+    # the rebuild did reuse it) and it is sound again.
+    assert sha in builder.store.manifest(r.task_layer)["blobs"]
+    builder.store.unpack(r.task_layer, tmp_path / "task")
+    assert [p for p in builder.store.verify() if sha in p] == []
+
+
+def test_verify_repair_then_build_rebuilds(private: tuple, tmp_path: Path) -> None:
+    """A blob deleted and another corrupted: `cache verify --repair` drops the refs of the
+    layers using them, the next plain build rebuilds them, and a sandbox starts on a node that
+    had not unpacked them yet."""
+    from test_cli import run_cli
+
+    settings, task = private
+    builder = Builder(settings)
+    layers = builder.layers_of(task)
+    assert layers is not None
+    _sha, task_blob = _testbed_blob(builder, layers[1])
+    os.unlink(task_blob)
+    env_doc = builder.store.manifest(layers[0])
+    _damage(builder.store.blob_path(env_doc["blobs"][0]))
+    r = run_cli("cache", "verify", "--repair", "--store", str(settings.store))
+    out = r.stdout.decode()
+    assert r.returncode == 1 and "missing" in out and "corrupt" in out, out
+    for ref in (builder.env_ref(task), builder.task_ref(task, layers[0])):
+        assert f"ref {ref}: dropped" in out, out
+    fresh = settings.model_copy(update={"cache": tmp_path / "fresh-node"})
+    builder = Builder(fresh)
+    assert builder.layers_of(task) is None
+    result = asyncio.run(builder.build(task))
+    assert result.status == "built", result.error
+    assert {ref.split("/")[0] for ref in result.built_layers} == {"env", "task"}
+
+    async def start() -> str:
+        async with builder.sandbox(task) as sb:
+            return (await sb.execute("git rev-parse HEAD")).stdout.strip()
+
+    assert asyncio.run(start()) == task.base_commit
+    assert builder.store.verify() == []
+
+
+def test_cache_gc_sweeps_the_work_dirs_of_killed_builds(layer_dir: Path) -> None:
+    """A killed build leaves its work directory (a sandbox-written upper: mode-000 dirs,
+    links to host dirs). `cache gc` removes those of dead builders, without following a link,
+    and keeps those of live ones and of other machines."""
+    from minisandbox import Sandbox, SandboxConfig
+    from minisandbox.builder import _host, _start_time
+    from test_cli import run_cli
+
+    victim = layer_dir / "victim"
+    victim.mkdir()
+    (victim / "keep.txt").write_text("host file\n")
+    tmp = layer_dir / "build-tmp"
+    tmp.mkdir()
+    tmp.chmod(0o755)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = tmp / f"task-{_host()}.{gone.pid}.1.0123abcd"
+    me = os.getpid()
+    live = tmp / f"env-{_host()}.{me}.{_start_time(me)}.4567abcd"
+    elsewhere = tmp / f"env-another-host.{gone.pid}.1.89abcdef"
+    for d in (dead, live, elsewhere):
+        d.mkdir(mode=0o755)
+        (d / "upper").mkdir()
+        give_to_sandbox(d / "upper")
+
+    async def write(upper: Path) -> None:
+        async with Sandbox(SandboxConfig(upper=upper)) as sb:
+            r = await sb.execute(
+                f"mkdir -p /a/b && echo x > /a/b/f && chmod 000 /a && ln -s {victim} /link"
+                f" && ln -s {victim} /a2"
+            )
+            assert r.exit_code == 0, r.output
+
+    asyncio.run(write(dead / "upper"))
+    r = run_cli("cache", "gc", "--store", str(layer_dir / "store"))
+    out = r.stdout.decode()
+    assert r.returncode == 0, r.stderr
+    assert "1 stale build directories" in out and str(dead) in out, out
+    assert not dead.exists()
+    assert live.is_dir() and elsewhere.is_dir()
+    assert (victim / "keep.txt").read_text() == "host file\n"
+
+
+async def test_collecting_refuses_links_planted_in_the_upper(layer_dir: Path) -> None:
+    """The evaluation-wheel and tools layers are collected from their build's upper as the
+    environment's is (the env case is attacks_build.py's): a sandbox that swapped a directory
+    on the way, or the directory itself, for a link to a host directory fails the build at
+    'collect', and the host directory stays put."""
+    from minisandbox import Sandbox, SandboxConfig
+    from minisandbox.builder import EVAL_WHEELHOUSE, BuildError, _collect
+    from minisandbox.services import TOOLS_ROOT
+
+    victim = layer_dir / "victim"
+    (victim / "eval-wheelhouse").mkdir(parents=True)
+    (victim / "eval-wheelhouse" / "keep.whl").write_text("host file\n")
+    (victim / "httpbin").mkdir()
+    for case, path, plant in (
+        ("parent", EVAL_WHEELHOUSE, f"mkdir -p /opt && ln -s {victim} /opt/minisandbox"),
+        (
+            "itself",
+            f"{TOOLS_ROOT}/httpbin",
+            f"mkdir -p {TOOLS_ROOT} && ln -s {victim}/httpbin {TOOLS_ROOT}/httpbin",
+        ),
+    ):
+        work = layer_dir / case
+        (work / "upper").mkdir(parents=True)
+        give_to_sandbox(work / "upper")
+        async with Sandbox(SandboxConfig(upper=work / "upper")) as sb:
+            r = await sb.execute(plant)
+            assert r.exit_code == 0, r.output
+        layer = work / "layer"
+        (layer / path.lstrip("/")).parent.mkdir(parents=True)
+        with pytest.raises(BuildError) as err:
+            _collect(work / "upper", path, layer, "t", layer_dir)
+        assert err.value.step == "collect" and path in str(err.value), err.value
+        assert not list((layer / path.lstrip("/")).parent.iterdir())
+    assert (victim / "eval-wheelhouse" / "keep.whl").read_text() == "host file\n"
+    assert (victim / "httpbin").is_dir()

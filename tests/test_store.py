@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zstandard
 
 from minisandbox.store import (
     CorruptLayerError,
@@ -455,3 +456,109 @@ def test_unpack_never_restores_set_id_bits(tmp_path: Path) -> None:
     out = store.unpack(ref.id, tmp_path / "out")
     for name in ("tool", "small"):
         assert stat.S_IMODE(os.stat(out / name).st_mode) == 0o755
+
+
+def _flip_byte(path: Path, at: int = 20) -> None:
+    os.chmod(path, 0o644)
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([byte[0] ^ 0x40]))
+
+
+def test_forced_publish_rewrites_the_corrupt_blobs_it_would_reuse(tmp_path: Path) -> None:
+    """A rebuild publishes the same contents again: a plain publish reuses a stored blob when
+    it merely exists, a verifying one (`build --force`) re-hashes it and stores it anew."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "large.bin").write_bytes(os.urandom(200_000))
+    (src / "small.txt").write_text("small\n" * 10)
+    store = LayerStore(tmp_path / "store")
+    ref = store.publish(src)
+    large, pack = blob_of(store, ref.id, "large.bin"), blob_of(store, ref.id, "small.txt")
+    _flip_byte(large, 5000)
+    _flip_byte(pack)
+    assert store.publish(src).id == ref.id
+    with pytest.raises(CorruptLayerError):  # reused as it was: still corrupt
+        store.unpack(ref.id, tmp_path / "out0")
+    again = store.publish(src, verify_existing=True)
+    assert again.id == ref.id
+    assert store.verify() == []
+    store.unpack(ref.id, tmp_path / "out")
+    assert snapshot(tmp_path / "out") == snapshot(src)
+    # A corrupt manifest under the same id is written anew too.
+    manifest = store.manifest_path(ref.id)
+    os.chmod(manifest, 0o644)
+    manifest.write_bytes(manifest.read_bytes()[:-3])
+    store.publish(src)
+    assert store.manifest(ref.id)["blobs"]
+
+
+def test_verify_repair_drops_the_refs_of_broken_layers(tmp_path: Path) -> None:
+    """What repair cannot restore (a blob missing or corrupt, a manifest corrupt) loses its
+    refs, so a build rebuilds it instead of finding it cached; healthy layers keep theirs."""
+    store = LayerStore(tmp_path / "store")
+    ids = {}
+    for name in ("missing", "corrupt", "manifest", "good"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / f"{name}.bin").write_bytes(os.urandom(50_000))
+        ids[name] = store.publish(d).id
+        store.tag(f"env/{name}", ids[name])
+    store.tag("task/also-missing", ids["missing"])
+    os.unlink(blob_of(store, ids["missing"], "missing.bin"))
+    _flip_byte(blob_of(store, ids["corrupt"], "corrupt.bin"), 3000)
+    manifest = store.manifest_path(ids["manifest"])
+    os.chmod(manifest, 0o644)
+    manifest.write_bytes(manifest.read_bytes()[:-3])
+
+    report = store.check()  # no repair: nothing changes
+    broken = sorted(ids[n] for n in ("missing", "corrupt", "manifest"))
+    assert sorted(report.broken_layers) == broken
+    assert report.dropped_refs == [] and store.resolve("env/missing") == ids["missing"]
+
+    report = store.check(repair=True)
+    assert sorted(report.dropped_refs) == [
+        "env/corrupt",
+        "env/manifest",
+        "env/missing",
+        "task/also-missing",
+    ]
+    assert any("dropped" in p for p in report.problems)
+    for name in ("missing", "corrupt", "manifest"):
+        assert store.resolve(f"env/{name}") is None
+    assert store.resolve("env/good") == ids["good"]
+    # What is left verifies clean, apart from the blob that is gone for good.
+    assert [p for p in store.verify() if "missing" not in p] == []
+    # Publishing the trees again restores them under their refs' names.
+    for name in ("missing", "corrupt", "manifest"):
+        store.tag(f"env/{name}", store.publish(tmp_path / name).id)
+        store.unpack(store.resolve(f"env/{name}"), tmp_path / "out" / name)  # type: ignore[arg-type]
+    assert store.verify() == []
+
+
+def test_publish_stores_a_link_to_a_host_dir_as_a_link(tmp_path: Path) -> None:
+    """A built tree (an upper a sandbox wrote) may hold a symlink to a host directory: the
+    layer gets the link itself, never the content it points at."""
+    host = tmp_path / "host-dir"
+    (host / "sub").mkdir(parents=True)
+    token = f"host-secret-{os.getpid()}-{time.time_ns()}"
+    (host / "sub" / "secret.txt").write_text(token)
+    tree = tmp_path / "upper"
+    (tree / "opt").mkdir(parents=True)
+    (tree / "opt" / "venv").symlink_to(host)
+    (tree / "root").symlink_to(host / "sub")
+    store = LayerStore(tmp_path / "store")
+    ref = store.publish(tree)
+    entries = store.manifest(ref.id)["entries"]
+    assert ["l", "opt/venv", str(host)] in entries
+    assert ["l", "root", str(host / "sub")] in entries
+    assert not [e for e in entries if e[1].endswith("secret.txt")], entries
+    assert ref.files == 0
+    for _sha, path in store._blob_files():
+        data = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+        assert token.encode() not in data
+    out = tmp_path / "out"
+    store.unpack(ref.id, out)
+    assert os.readlink(out / "opt" / "venv") == str(host)

@@ -19,9 +19,10 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
+import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -29,12 +30,12 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
+from . import safefs
 from .budget import LocalIOBudget
 from .compat import compat_layer
 from .config import GiB, Limits, SandboxConfig
 from .errors import MiniSandboxError
 from .nodecache import NodeCache
-from .runtime import remove_tree
 from .sandbox import Sandbox
 from .services import tools_layers
 from .specs import Task, files_in_patch
@@ -196,6 +197,7 @@ class Builder:
         )
         self._locks: dict[str, asyncio.Lock] = {}
         self._interpreters: dict[str, Interpreter] = {}
+        self._swept = False
         self.require_validated = self.settings.require_validated
 
     # ---------------------------------------------------------------- keys
@@ -304,9 +306,11 @@ class Builder:
     async def _env_layer(self, task: Task, force: bool, made: list[str]) -> str:
         ref = self.env_ref(task)
         # Tasks sharing a recipe build it once.
-        return await self._once(ref, force, lambda: self._make_env_layer(task, ref, made))
+        return await self._once(ref, force, lambda: self._make_env_layer(task, ref, made, force))
 
-    async def _make_env_layer(self, task: Task, ref: str, made: list[str]) -> str:
+    async def _make_env_layer(
+        self, task: Task, ref: str, made: list[str], force: bool = False
+    ) -> str:
         interp = self.interpreter(task)
         logs = self._log_dir(ref)
         with self._workdir("env-") as work:
@@ -339,17 +343,19 @@ class Builder:
                 )
             layer_dir = work / "layer"
             (layer_dir / "opt").mkdir(parents=True)
-            os.rename(upper / "opt" / "venv", layer_dir / "opt" / "venv")
+            _collect(upper, VENV, layer_dir, ref, logs)
             meta = {"kind": "env", "recipe": task.env.model_dump()}
-            return await self._publish(ref, layer_dir, meta, interp, logs, made)
+            return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
 
     async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
         ref = self.task_ref(task, env_layer)
         return await self._once(
-            ref, force, lambda: self._make_task_layer(task, env_layer, ref, made)
+            ref, force, lambda: self._make_task_layer(task, env_layer, ref, made, force)
         )
 
-    async def _make_task_layer(self, task: Task, env_layer: str, ref: str, made: list[str]) -> str:
+    async def _make_task_layer(
+        self, task: Task, env_layer: str, ref: str, made: list[str], force: bool = False
+    ) -> str:
         interp = self.interpreter(task)
         logs = self._log_dir(f"task/{task.id}")
         with self._workdir("task-") as work:
@@ -372,26 +378,33 @@ class Builder:
                     if task.pre_install or task.install:
                         await self._step(sb, task.id, logs, "install", script)
                         await self._wheelhouse(sb, task, logs)
+            # The install commands wrote this tree: it is cleaned by descriptors that refuse
+            # symlinks (a planted `/root/.config -> /host/dir` must not steer a delete).
             for noise in _NOISE:
-                target = upper / noise
-                if target.is_dir() and not target.is_symlink():
-                    shutil.rmtree(target)
-                elif os.path.lexists(target):
-                    os.unlink(target)
+                with contextlib.suppress(safefs.UnsafePathError):  # behind a link: not here
+                    safefs.remove(upper, noise)
             # The empty mount points of the build's host paths (interpreter, uv): a layer
             # must not depend on where the builder's host keeps them.
             for host_path in config.ro_paths:
-                _remove_empty_chain(upper, upper / str(host_path).lstrip("/"))
+                safefs.rmdir_empty_chain(upper, str(host_path).lstrip("/"))
             meta = {"kind": "task", "task": task.id, "env_layer": env_layer}
-            return await self._publish(ref, upper, meta, interp, logs, made)
+            return await self._publish(ref, upper, meta, interp, logs, made, force)
 
     async def _publish(
-        self, ref: str, tree: Path, meta: dict, interp: Interpreter, logs: Path, made: list[str]
+        self,
+        ref: str,
+        tree: Path,
+        meta: dict,
+        interp: Interpreter,
+        logs: Path,
+        made: list[str],
+        force: bool = False,
     ) -> str:
         """Store a built tree as a layer and name it `ref` (last: a ref never names a layer
-        that is not fully there)."""
+        that is not fully there). A forced build re-hashes the blobs it reuses and rewrites
+        corrupt ones: rebuilding is how a damaged layer is repaired."""
         meta = {**meta, "interpreter": interp.model_dump(mode="json"), "logs": str(logs)}
-        layer = await asyncio.to_thread(self.store.publish, tree, meta=meta)
+        layer = await asyncio.to_thread(self.store.publish, tree, meta=meta, verify_existing=force)
         self.store.tag(ref, layer.id)
         made.append(ref)
         return layer.id
@@ -484,10 +497,7 @@ class Builder:
                 subprocess.run(["git", "-C", str(dest), "update-ref", "-d", ref], check=True)
         owner = SandboxConfig().layer_owner()
         if owner is not None:  # a root caller's sandbox root (an unprivileged uid) must own it
-            for dirpath, dirnames, filenames in os.walk(dest):
-                for name in [*dirnames, *filenames]:
-                    os.chown(os.path.join(dirpath, name), *owner, follow_symlinks=False)
-            os.chown(dest, *owner)
+            safefs.chown_tree(dest, *owner)
 
     async def _eval_deps_layer(
         self, task: Task, env_layer: str, task_layer: str, force: bool, made: list[str]
@@ -496,11 +506,19 @@ class Builder:
         if ref is None:
             return None
         return await self._once(
-            ref, force, lambda: self._make_eval_deps_layer(task, env_layer, task_layer, ref, made)
+            ref,
+            force,
+            lambda: self._make_eval_deps_layer(task, env_layer, task_layer, ref, made, force),
         )
 
     async def _make_eval_deps_layer(
-        self, task: Task, env_layer: str, task_layer: str, ref: str, made: list[str]
+        self,
+        task: Task,
+        env_layer: str,
+        task_layer: str,
+        ref: str,
+        made: list[str],
+        force: bool = False,
     ) -> str:
         interp = self.interpreter(task)
         logs = self._log_dir(f"task/{task.id}")
@@ -523,10 +541,9 @@ class Builder:
                     )
             layer_dir = work / "layer"
             (layer_dir / "opt" / "minisandbox").mkdir(parents=True)
-            wheels = EVAL_WHEELHOUSE.lstrip("/")
-            os.rename(upper / wheels, layer_dir / wheels)
+            _collect(upper, EVAL_WHEELHOUSE, layer_dir, task.id, logs)
             meta = {"kind": "evaldeps", "task": task.id, "task_layer": task_layer}
-            return await self._publish(ref, layer_dir, meta, interp, logs, made)
+            return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
 
     async def _wheelhouse(self, sb: Sandbox, task: Task, logs: Path) -> None:
         """Download the repository's build requirements into WHEELHOUSE (see there)."""
@@ -548,13 +565,21 @@ class Builder:
 
     @contextlib.contextmanager
     def _workdir(self, prefix: str):  # type: ignore[no-untyped-def]
-        root = self.settings.store.parent / "build-tmp"
+        """A work directory under build-tmp/, named after its owner (see `_work_name`) so that
+        what a killed build leaves is recognised and swept: here, on a Builder's first build,
+        and by `minisandbox cache gc`."""
+        root = build_tmp(self.settings)
         root.mkdir(parents=True, exist_ok=True)
-        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        if not self._swept:
+            self._swept = True
+            sweep_build_tmp(root)
+        path = root / f"{prefix}{_work_name()}"
+        path.mkdir(mode=0o700)
         try:
             yield path
         finally:
-            remove_tree(path)
+            # Sandbox-written uppers: removed by descriptors, never through a planted link.
+            safefs.remove_tree(path)
 
     # ---------------------------------------------------------------- running
 
@@ -610,15 +635,96 @@ class Builder:
                 yield sb
 
 
-def _remove_empty_chain(root: Path, path: Path) -> None:
-    """rmdir `path` and then its parents while they are empty, up to (not including) `root`."""
-    while path != root and path.is_relative_to(root):
+def _collect(upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> None:
+    """Move the directory a build made at `path` (absolute inside the sandbox) from its upper
+    into `layer_dir`, refusing a symlink on the way: a build process can swap `/opt` for a link
+    to a host directory, which a plain rename would move into the layer.
+
+    Raises:
+        BuildError: step 'collect', when `path` is missing, not a directory, or behind a link.
+    """
+    rel = path.lstrip("/")
+    try:
+        safefs.move_dir(upper, rel, layer_dir, rel)
+    except (safefs.UnsafePathError, FileNotFoundError, NotADirectoryError) as e:
+        log = logs / "collect.log"
+        reason = e if isinstance(e, safefs.UnsafePathError) else f"{upper / rel} is missing"
+        log.write_text(f"collecting {path} from {upper}: {reason}\n")
+        raise BuildError(what, "collect", log, f": {path}: {reason}") from None
+
+
+# ---------------------------------------------------------------- build work directories
+
+
+def build_tmp(settings: BuildSettings) -> Path:
+    """Where builds keep their work directories (upper layers, staged layers)."""
+    return settings.store.parent / "build-tmp"
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", socket.gethostname())[:40] or "host"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (tells a reused pid apart)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _work_name() -> str:
+    """`<host>.<pid>.<start time>.<random>`: whose work directory this is, across the machines
+    that share a store and across pid reuse."""
+    pid = os.getpid()
+    return f"{_host()}.{pid}.{_start_time(pid) or 0}.{secrets.token_hex(4)}"
+
+
+_WORK_NAME = re.compile(
+    r"^[a-z]+-(?P<host>[A-Za-z0-9_-]+)\.(?P<pid>\d+)\.(?P<start>\d+)\.[0-9a-f]+$"
+)
+# Work directories named before owners were recorded: removed once this old.
+_UNNAMED_GRACE_SECONDS = 24 * 3600.0
+
+
+def _owner_dead(name: str) -> bool:
+    m = _WORK_NAME.match(name)
+    if m is None or m["host"] != _host():
+        return False  # another machine's (a shared store): its own sweep decides
+    return _start_time(int(m["pid"])) != m["start"]
+
+
+def sweep_build_tmp(root: Path) -> list[tuple[Path, int]]:
+    """Remove the work directories under `root` whose builder process is gone (killed builds
+    leave them), and unattributable ones older than a day; returns (path, bytes) removed.
+    They hold sandbox-written trees, so they are measured and removed by descriptors."""
+    removed: list[tuple[Path, int]] = []
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return removed
+    cutoff = time.time() - _UNNAMED_GRACE_SECONDS
+    for name in names:
+        path = root / name
         try:
-            path.rmdir()
-        except OSError:  # not empty, absent, or not a directory
-            if path.exists():
-                return
-        path = path.parent
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        stale = _owner_dead(name) or (_WORK_NAME.match(name) is None and st.st_mtime < cutoff)
+        if not stale:
+            continue
+        size = 0
+        with contextlib.suppress(OSError):
+            if os.path.isdir(path) and not os.path.islink(path):
+                size = sum(s.st_size for _fd, _n, s in safefs.walk(path))
+        try:
+            gone = safefs.remove_tree(path)
+        except OSError:  # another user's, say: not ours to remove
+            gone = False
+        if gone:
+            removed.append((path, size))
+    return removed
 
 
 def _uv_binary() -> Path:

@@ -97,6 +97,24 @@ def lstat_at(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> os.st
         return None
 
 
+def _open_dir_forcing_mode(fd: int, name: str) -> int:
+    """Open the directory `name` (in `fd`) after giving its owner rwx: by an O_PATH descriptor,
+    which needs no permission on it and refuses a symlink, so the chmod cannot be redirected.
+    -1 when that fails too (not ours)."""
+    try:
+        flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+        path_fd = os.open(name, flags, dir_fd=fd)
+    except OSError:
+        return -1
+    try:
+        os.chmod(f"/proc/self/fd/{path_fd}", stat.S_IRWXU)
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except OSError:
+        return -1
+    finally:
+        os.close(path_fd)
+
+
 def _rmtree_fd(fd: int) -> None:
     """Empty the directory open at `fd`, never following a symlink; copes with directories a
     sandbox left without write or search permission (overlay work dirs are mode 000)."""
@@ -111,6 +129,8 @@ def _rmtree_fd(fd: int) -> None:
         if is_dir:
             try:
                 child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except PermissionError:  # a non-root owner's mode-000 directory
+                child = _open_dir_forcing_mode(fd, name)
             except OSError:
                 child = -1
             if child >= 0:
@@ -246,12 +266,14 @@ def strip_setid(root: str | os.PathLike[str]) -> list[str]:
     changed = []
     for fd, name, st in walk(root):
         if stat.S_ISREG(st.st_mode) and st.st_mode & SETID:
-            f = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            # O_PATH: no read permission needed (a caller's own mode-4000 file), no link followed.
+            f = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
             try:
-                os.fchmod(f, stat.S_IMODE(st.st_mode) & ~SETID)
+                if stat.S_ISREG(os.fstat(f).st_mode):
+                    os.chmod(f"/proc/self/fd/{f}", stat.S_IMODE(st.st_mode) & ~SETID)
+                    changed.append(name)
             finally:
                 os.close(f)
-            changed.append(name)
     return changed
 
 

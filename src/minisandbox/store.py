@@ -114,6 +114,14 @@ class LayerRef(BaseModel):
     meta: dict[str, Any] | None = None
 
 
+class VerifyReport(BaseModel):
+    """What `verify` found: one line per problem, and with repair what it did about it."""
+
+    problems: list[str] = []
+    broken_layers: list[str] = []  # layers with a corrupt manifest or a corrupt/missing blob
+    dropped_refs: list[str] = []  # refs of those layers that repair removed
+
+
 class GcReport(BaseModel):
     removed_layers: list[str] = []
     removed_blobs: int = 0
@@ -295,11 +303,24 @@ class _HashingReader:
         return data
 
 
+def _open_source(path: str) -> IO[bytes]:
+    """A file of the tree being published, for reading: the scan saw a regular file here, so a
+    symlink (or a FIFO) in its place now is refused rather than followed or waited on."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise LayerStoreError(f"{path} changed while it was being published")
+        return open(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def _sha256_file(path: str) -> str:
     h = hashlib.sha256()
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as fh:
+    with _open_source(path) as fh:
         while n := fh.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
@@ -308,12 +329,27 @@ def _sha256_file(path: str) -> str:
 def _read_pack(sources: list[tuple[str, int]]) -> bytes:
     parts = []
     for path, size in sources:
-        with open(path, "rb") as fh:
-            data = fh.read()
+        with _open_source(path) as fh:
+            data = fh.readall()
         if len(data) != size:
             raise LayerStoreError(f"{path} changed while it was being published")
         parts.append(data)
     return b"".join(parts)
+
+
+def _blob_hash(path: Path) -> tuple[str | None, str]:
+    """(sha256 of the blob's uncompressed content, "") or (None, why it cannot be read)."""
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as src:
+            reader = _decompressor().stream_reader(src, read_size=_CHUNK)
+            while chunk := reader.read(_CHUNK):
+                h.update(chunk)
+    except FileNotFoundError:
+        return None, "missing"
+    except (OSError, zstandard.ZstdError) as exc:
+        return None, str(exc)
+    return h.hexdigest(), "sha256 mismatch"
 
 
 def _fsync_dir(path: Path) -> None:
@@ -436,11 +472,18 @@ class LayerStore:
 
     # publish
 
-    def publish(self, directory: Path, *, meta: dict[str, Any] | None = None) -> LayerRef:
+    def publish(
+        self, directory: Path, *, meta: dict[str, Any] | None = None, verify_existing: bool = False
+    ) -> LayerRef:
         """Store the tree at `directory` and return its layer. Safe to run concurrently with other
-        publishes and `gc`, from any machine; a crash leaves no visible layer."""
+        publishes and `gc`, from any machine; a crash leaves no visible layer.
+
+        The tree is read as it is: symlinks are stored as links (never entered or followed),
+        and only regular files, directories and overlay whiteouts are accepted.
+        `verify_existing` re-hashes every blob it would reuse and rewrites the corrupt ones
+        (a forced rebuild repairs the store instead of pointing at the same bad blob again)."""
         scan = _scan(Path(directory), self.small_file_bytes)
-        _run_parallel(self._store_job, scan.jobs, self.workers)
+        _run_parallel(lambda job: self._store_job(job, verify_existing), scan.jobs, self.workers)
 
         blob_shas: list[str] = []
         index: dict[str, int] = {}
@@ -457,6 +500,8 @@ class LayerStore:
 
         mpath = self.manifest_path(layer_id)
         existing = self._read_info(layer_id) if mpath.exists() else None
+        if existing is not None and not self._manifest_ok(layer_id):
+            existing = None  # a corrupt manifest under this id: written anew below
         if existing is not None:
             if meta is not None:
                 self.set_meta(layer_id, meta)
@@ -500,30 +545,37 @@ class LayerStore:
         )
         return LayerRef.model_validate(info)
 
-    def _store_job(self, job: _BlobJob) -> None:
-        if len(job.sources) == 1 and job.sources[0][1] >= self.small_file_bytes:
-            self._store_file(job)
-        else:
-            self._store_pack(job)
+    def _manifest_ok(self, layer_id: str) -> bool:
+        try:
+            self.manifest(layer_id)
+            return True
+        except LayerStoreError:  # missing or corrupt
+            return False
 
-    def _store_pack(self, job: _BlobJob) -> None:
+    def _store_job(self, job: _BlobJob, verify: bool = False) -> None:
+        if len(job.sources) == 1 and job.sources[0][1] >= self.small_file_bytes:
+            self._store_file(job, verify)
+        else:
+            self._store_pack(job, verify)
+
+    def _store_pack(self, job: _BlobJob, verify: bool = False) -> None:
         data = _read_pack(job.sources)
         job.sha = hashlib.sha256(data).hexdigest()
-        if self._reuse(job.sha):
+        if self._reuse(job.sha, verify):
             return
         job.added = self._put(
             job.sha, lambda fh: fh.write(_compressor(self.level, 0).compress(data))
         )
 
-    def _store_file(self, job: _BlobJob) -> None:
+    def _store_file(self, job: _BlobJob, verify: bool = False) -> None:
         path, size = job.sources[0]
         job.sha = _sha256_file(path)
-        if self._reuse(job.sha):
+        if self._reuse(job.sha, verify):
             return
         threads = -1 if size >= MULTITHREAD_BYTES else 0
 
         def write(out: Any) -> None:
-            with open(path, "rb") as src:
+            with _open_source(path) as src:
                 reader = _HashingReader(src)
                 try:
                     _compressor(self.level, threads).copy_stream(
@@ -536,15 +588,21 @@ class LayerStore:
 
         job.added = self._put(job.sha, write)
 
-    def _reuse(self, sha: str) -> bool:
-        """True if the blob is already stored; then mark it fresh so gc's grace covers it."""
+    def _reuse(self, sha: str, verify: bool = False) -> bool:
+        """True if the blob is already stored (and, with `verify`, holds what its name says);
+        then mark it fresh so gc's grace covers it. False: the caller (re)writes it."""
+        path = self.blob_path(sha)
         try:
-            os.utime(self.blob_path(sha))
-            return True
+            os.utime(path)
         except FileNotFoundError:
             return False
         except PermissionError:
-            return self.blob_path(sha).exists()  # another user's blob: still good to reference
+            if not path.exists():
+                return False  # another user's blob: still good to reference
+        if verify and _blob_hash(path)[0] != sha:
+            logger.warning("blob %s is corrupt; storing it anew", path)
+            return False
+        return True
 
     def _put(self, sha: str, write: Callable[[Any], Any]) -> int:
         final = self.blob_path(sha)
@@ -841,8 +899,17 @@ class LayerStore:
 
     def verify(self, *, repair: bool = False) -> builtins.list[str]:
         """Re-hash every manifest and blob; return one line per problem (empty: all good).
-        With repair, corrupt blobs move to quarantine/ so that a later publish stores them anew."""
-        problems: builtins.list[str] = []
+        With repair, see `check`."""
+        return self.check(repair=repair).problems
+
+    def check(self, *, repair: bool = False) -> VerifyReport:
+        """Re-hash every manifest and blob. With repair, corrupt blobs and manifests move to
+        quarantine/ (so that a later publish stores them anew) and the refs naming a layer
+        that is broken (a blob or its manifest corrupt or missing) are dropped, so that the
+        next build rebuilds it instead of finding it "cached" and failing to unpack it."""
+        report = VerifyReport()
+        problems = report.problems
+        broken: set[str] = set()
         referenced: dict[str, builtins.list[str]] = {}
         for layer_id in sorted(self._layer_ids()):
             try:
@@ -850,12 +917,17 @@ class LayerStore:
             except LayerNotFoundError:
                 continue
             except LayerStoreError as exc:
-                problems.append(str(exc))
+                line = str(exc)
+                broken.add(layer_id)
+                if repair:
+                    line += self._quarantine(self.manifest_path(layer_id))
+                problems.append(line)
                 continue
             for sha in doc["blobs"]:
                 referenced.setdefault(sha, []).append(layer_id)
         present = dict(self._blob_files())
         for sha in sorted(set(referenced) - set(present)):
+            broken.update(referenced[sha])
             problems.append(
                 f"{self.blob_path(sha)}: missing (used by layers {', '.join(referenced[sha])})"
             )
@@ -863,34 +935,49 @@ class LayerStore:
 
         def check(item: tuple[str, Path]) -> None:
             sha, path = item
-            try:
-                h = hashlib.sha256()
-                with open(path, "rb") as src:
-                    reader = _decompressor().stream_reader(src, read_size=_CHUNK)
-                    while chunk := reader.read(_CHUNK):
-                        h.update(chunk)
-                ok = h.hexdigest() == sha
-                why = "sha256 mismatch"
-            except FileNotFoundError:
+            got, why = _blob_hash(path)
+            if got is None and why == "missing":
                 return  # removed by a concurrent gc
-            except (OSError, zstandard.ZstdError) as exc:
-                ok, why = False, str(exc)
-            if ok:
+            if got == sha:
                 return
             users = referenced.get(sha, [])
             line = f"{path}: corrupt ({why}); used by layers {', '.join(users) or '(none)'}"
             if repair:
-                qdir = self.root / "quarantine"
-                qdir.mkdir(exist_ok=True)
-                target = qdir / f"{path.name}.{int(time.time())}"
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(path, target)
-                    line += f"; moved to {target}"
+                line += self._quarantine(path)
             with lock:
+                broken.update(users)
                 problems.append(line)
 
         _run_parallel(check, sorted(present.items()), self.workers)
-        return problems
+        report.broken_layers = sorted(broken)
+        if repair and broken:
+            for name, layer_id in sorted(self.refs().items()):
+                if layer_id in broken and self._untag_if(name, layer_id):
+                    report.dropped_refs.append(name)
+                    problems.append(f"ref {name}: dropped (layer {layer_id} is broken)")
+        return report
+
+    def _quarantine(self, path: Path) -> str:
+        qdir = self.root / "quarantine"
+        qdir.mkdir(exist_ok=True)
+        target = qdir / f"{path.name}.{int(time.time())}.{secrets.token_hex(2)}"
+        try:
+            os.rename(path, target)
+        except FileNotFoundError:
+            return ""
+        return f"; moved to {target}"
+
+    def _untag_if(self, name: str, layer_id: str) -> bool:
+        """Remove ref `name` if it still names `layer_id` (a build may have just re-pointed it
+        at a good layer: that one stays)."""
+        path = self.root / "refs" / _ref_filename(name)
+        try:
+            if path.read_text().strip() != layer_id:
+                return False
+            os.unlink(path)
+            return True
+        except FileNotFoundError:
+            return False
 
     def gc(self, keep: set[str] | None = None, *, grace: float = GC_GRACE_SECONDS) -> GcReport:
         """Remove temp files older than `grace` seconds, then blobs that no layer references.
