@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from . import safefs
+from . import githistory, safefs
 from .budget import LocalIOBudget
 from .compat import compat_layer
 from .config import GiB, Limits, SandboxConfig
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
 VENV = "/opt/venv"
 DEFAULT_IO_BUDGET = 2 * GiB
-_FORMAT = 4  # bump when what a task layer holds changes (4: the build wheelhouse)
+_FORMAT = 5  # bump when what a task layer holds changes (5: only the base commit's past)
 # Wheels of the repository's build requirements, fetched at build time: evaluation reinstalls
 # the package offline (SWE-bench's eval scripts run `pip install -e .`) with pip's usual build
 # isolation, from these, so the same setuptools builds it as at build time (another one can
@@ -440,64 +440,70 @@ class Builder:
             raise BuildError(what, step, log, f":\n{tail}" if tail else "")
 
     def _checkout(self, task: Task, dest: Path, logs: Path) -> None:
-        """The repository at its base commit, with no remote and no ref that is not part of its
-        history: an agent must not find the fix among later commits."""
+        """The repository at its base commit holding only its past (see `githistory`): no
+        object, ref, reflog or remote from after it, so an agent cannot find the fix."""
         s = self.settings
         name = task.repo.replace("/", "__")
+        log = logs / "checkout.log"
         if s.git_mirror is not None and (s.git_mirror / name).is_dir():
-            source = str(s.git_mirror / name)
+            source = s.git_mirror / name
         elif task.source == "examples":  # the bundled tasks' repositories come with the package
             from .examples import materialize_mirror
 
-            source = str(materialize_mirror(s.store.parent / "examples-mirror") / name)
+            source = materialize_mirror(s.store.parent / "examples-mirror") / name
         elif s.git_mirror is not None:
-            source = str(s.git_mirror / name)
-            if not os.path.isdir(source):
-                raise BuildError(
-                    task.id,
-                    "checkout",
-                    logs / "checkout.log",
-                    f": no mirror of {task.repo} at {source}",
-                )
+            raise BuildError(
+                task.id, "checkout", log, f": no mirror of {task.repo} at {s.git_mirror / name}"
+            )
         else:
-            source = s.git_url_template.format(repo=task.repo)
-        log = logs / "checkout.log"
-        commands = [
-            ["git", "clone", "--quiet", "--no-checkout", source, str(dest)],
-            ["git", "-C", str(dest), "checkout", "--quiet", "-B", "main", task.base_commit],
-            ["git", "-C", str(dest), "remote", "remove", "origin"],
-        ]
-        with log.open("w") as out:
-            for cmd in commands:
-                out.write(f"$ {' '.join(cmd)}\n")
-                out.flush()
-                r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
-                if r.returncode != 0:
-                    reason = (
-                        f": commit {task.base_commit} is not in {source}"
-                        if cmd[3] == "checkout"
-                        else f": `{' '.join(cmd)}` exited {r.returncode}"
-                    )
-                    raise BuildError(task.id, "checkout", log, reason)
-
-            def refs(*selector: str) -> set[str]:
-                return set(
-                    subprocess.run(
-                        ["git", "-C", str(dest), "for-each-ref", "--format=%(refname)", *selector],
-                        capture_output=True,
-                        text=True,
-                        check=True,
-                    ).stdout.split()
-                )
-
-            # Tags on the base commit's history stay: versions come from `git describe`
-            # (setuptools_scm). Anything newer (branches, later tags) could hold the fix.
-            keep = {"refs/heads/main"} | refs("--merged", "HEAD", "refs/tags")
-            for ref in sorted(refs() - keep):
-                subprocess.run(["git", "-C", str(dest), "update-ref", "-d", ref], check=True)
+            source = self._git_cache(task, name, log)
+        try:
+            githistory.checkout_past(
+                source, task.base_commit, dest, githistory.PackCache(self._packs_dir(name))
+            )
+        except githistory.HistoryError as e:
+            log.write_text(f"{task.repo} at {task.base_commit}: {e}\n")
+            raise BuildError(task.id, "checkout", log, f": {task.repo}: {e}") from None
         owner = SandboxConfig().layer_owner()
         if owner is not None:  # a root caller's sandbox root (an unprivileged uid) must own it
             safefs.chown_tree(dest, *owner)
+
+    def _packs_dir(self, name: str) -> Path:
+        """The repository's history packs, shared by its tasks' checkouts (githistory)."""
+        return self.settings.store.parent / "git-packs" / name
+
+    def _git_cache(self, task: Task, name: str, log: Path) -> Path:
+        """A local bare clone of the task's repository (fetched once per machine, then only
+        what a new base commit needs): checkouts are cut from it, never cloned whole."""
+        cache = self.settings.store.parent / "git-cache" / f"{name}.git"
+        url = self.settings.git_url_template.format(repo=task.repo)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cache.parent / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            steps = []
+            if not (cache / "HEAD").exists():
+                steps.append(["git", "clone", "--quiet", "--bare", url, str(cache)])
+            steps.append(
+                ["git", "-C", str(cache), "cat-file", "-e", f"{task.base_commit}^{{commit}}"]
+            )
+            with log.open("w") as out:
+                for i, cmd in enumerate(steps):
+                    out.write(f"$ {' '.join(cmd)}\n")
+                    out.flush()
+                    r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+                    if r.returncode != 0 and cmd[3] == "cat-file":
+                        fetch = ["git", "-C", str(cache), "fetch", "--quiet", url, task.base_commit]
+                        out.write(f"$ {' '.join(fetch)}\n")
+                        out.flush()
+                        r = subprocess.run(fetch, stdout=out, stderr=subprocess.STDOUT, check=False)
+                    if r.returncode != 0:
+                        raise BuildError(
+                            task.id, "checkout", log, f": `{' '.join(steps[i][:4])}` failed"
+                        )
+        finally:
+            os.close(fd)
+        return cache
 
     async def _eval_deps_layer(
         self, task: Task, env_layer: str, task_layer: str, force: bool, made: list[str]

@@ -1,4 +1,5 @@
-"""Validating a task: its gold patch must resolve it, and the empty patch must not.
+"""Validating a task: its gold patch must resolve it, the empty patch must not, and its
+repository must hold nothing from after its base commit (no fix for an agent to find).
 
 A task that fails either check gives a wrong reward whatever the agent does (a broken
 environment, a test spec that does not match the repository, tests that pass on the base
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .specs import Task
 
 # Bump when what a verdict means changes (the evaluator's procedure or the checks below).
-_FORMAT = 1
+_FORMAT = 2  # 2: the history check
 META_KEY = "validations"
 
 
@@ -46,6 +47,14 @@ class Check(BaseModel):
     duration_s: float = 0.0
 
 
+class HistoryCheck(BaseModel):
+    """What a task sandbox's /testbed/.git holds beyond the base commit's past."""
+
+    problems: list[str] = Field(default_factory=list, description="empty: only the past")
+    objects: int = 0
+    unreachable_objects: int = 0
+
+
 class Validation(BaseModel):
     """The verdict on a task: `valid` when the gold patch resolves it and the empty one does
     not. `reason` says what failed."""
@@ -59,6 +68,7 @@ class Validation(BaseModel):
     # FAIL_TO_PASS tests that pass without the patch: allowed (the task is still not resolved
     # without it) but worth knowing; SWE-bench's own datasets have a few.
     fail_to_pass_passing_without_patch: list[str] = Field(default_factory=list)
+    history: HistoryCheck | None = None
     validated_at: float = 0.0
 
 
@@ -122,8 +132,36 @@ def _check(r: EvalResult) -> Check:
     )
 
 
-def judge(task: Task, gold: EvalResult, empty: EvalResult) -> Validation:
-    """The verdict from the gold patch's and the empty patch's evaluations."""
+async def check_history(builder: Builder, task: Task) -> HistoryCheck:
+    """Run the history check (data/check_history.sh) in a sandbox of the task, as an agent's
+    git would see the repository: refs, reflogs, remotes, unreachable objects, gold blobs."""
+    from importlib import resources
+
+    from .specs import files_in_patch
+
+    script = (resources.files("minisandbox") / "data" / "check_history.sh").read_text()
+    files = files_in_patch(task.gold_patch) if task.gold_patch else []
+    async with builder.sandbox(task, require_validated=False) as sb:
+        await sb.write_file("/tmp/.msb-check-history.sh", script)
+        await sb.write_file("/tmp/.msb-gold.patch", task.gold_patch or "")
+        r = await sb.execute(
+            ["/bin/bash", "/tmp/.msb-check-history.sh", "/testbed", "/tmp/.msb-gold.patch", *files],
+            timeout=1800,
+        )
+    counts = r.stderr.split()
+    check = HistoryCheck(problems=[line for line in r.stdout.splitlines() if line.strip()])
+    if len(counts) >= 4 and counts[0] == "objects" and counts[1].isdigit() and counts[3].isdigit():
+        check.objects, check.unreachable_objects = int(counts[1]), int(counts[3])
+    elif r.exit_code != 0 or not check.problems:
+        check.problems.append(f"the history check did not run: {r.output.strip()[-300:]}")
+    return check
+
+
+def judge(
+    task: Task, gold: EvalResult, empty: EvalResult, history: HistoryCheck | None = None
+) -> Validation:
+    """The verdict from the gold patch's and the empty patch's evaluations (and the history
+    check, when it ran)."""
     reasons = []
     if not gold.resolved:
         reasons.append(f"the gold patch does not resolve it ({gold.status}: {gold.reason})")
@@ -131,6 +169,9 @@ def judge(task: Task, gold: EvalResult, empty: EvalResult) -> Validation:
         reasons.append(f"the empty patch could not be evaluated ({empty.reason})")
     elif empty.swebench_resolved:  # an empty patch's result is never `resolved`: ask swebench
         reasons.append("the tests pass without a patch")
+    if history is not None and history.problems:
+        more = f" and {len(history.problems) - 1} more" if len(history.problems) > 1 else ""
+        reasons.append(f"the repository holds more than its past: {history.problems[0]}{more}")
     passing = [t for t in task.fail_to_pass if empty.test_results.get(t) in ("PASSED", "XFAIL")]
     return Validation(
         task=task.id,
@@ -140,6 +181,7 @@ def judge(task: Task, gold: EvalResult, empty: EvalResult) -> Validation:
         gold=_check(gold),
         empty=_check(empty),
         fail_to_pass_passing_without_patch=passing,
+        history=history,
         validated_at=time.time(),
     )
 
@@ -161,10 +203,12 @@ async def validate(
     unchecked = copy.copy(builder)
     unchecked.require_validated = False
     evaluator = Evaluator(unchecked, timeout=timeout or DEFAULT_TIMEOUT)
-    gold, empty = await asyncio.gather(
-        evaluator.evaluate(task, task.gold_patch), evaluator.evaluate(task, "")
+    gold, empty, history = await asyncio.gather(
+        evaluator.evaluate(task, task.gold_patch),
+        evaluator.evaluate(task, ""),
+        check_history(unchecked, task),
     )
-    verdict = judge(task, gold, empty)
+    verdict = judge(task, gold, empty, history)
     layer = layers[1]
     # Read-modify-write of the layer's meta: one writer at a time across processes.
     async with builder._lock(f"meta/{layer}"):

@@ -1,0 +1,328 @@
+"""A task's repository that holds only its past, with that past stored once per repository.
+
+An agent must not reach the fix. Removing later refs is not enough: a clone keeps every object of
+the source, and `git cat-file --batch-all-objects` or `git fsck --lost-found` finds the fix among
+the unreachable ones (SWE-bench issue #465). So a checkout here is built from packs that hold
+only objects reachable from the base commit (and from the tags that are its ancestors), with no
+remote, no reflog and no other ref.
+
+Storing that past once per repository: a task's objects are a chain of packs along the base
+commit's first-parent history, cut at fixed points (every `COARSE` first-parent commits from the
+root: the same commits for every task whose history passes there), then one pack from the nearest
+already-built task of the same stretch (an ancestor: its packs are ours too) up to the base commit.
+Packs are plain files, identical across the tasks that share them, so the layer store keeps each
+once; they are kept, for later builds, in a pack cache beside the store.
+
+The check (`check_only_past`) proves it for a built checkout: every object is reachable from the
+allowed refs, the refs are HEAD's branch and ancestor tags only, there is no reflog, stash, remote,
+FETCH_HEAD or ORIG_HEAD, and none of the blobs the gold patch creates is present.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import MiniSandboxError
+
+COARSE = 1024  # first-parent commits per shared pack
+_FORMAT = 1
+_SHA = re.compile(r"^[0-9a-f]{40}$")
+# No user or system git configuration may change what we write (hooks, templates, gc).
+_GIT_ENV = {
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+}
+
+
+class HistoryError(MiniSandboxError):
+    """The repository's history cannot be cut at the base commit (missing commit, shallow source,
+    a tag on a later commit...); the message names the repository, the commit and what is
+    missing."""
+
+
+def _git(repo: str | Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
+    env = {**os.environ, **_GIT_ENV}
+    r = subprocess.run(
+        ["git", "-C", str(repo), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if check and r.returncode != 0:
+        raise HistoryError(f"git {' '.join(args[:3])} in {repo} failed: {r.stderr.strip()[-500:]}")
+    return r.stdout
+
+
+class PackCache:
+    """Packs of one repository's history, shared by its tasks' checkouts.
+
+    Layout of `root`: `<name>.pack` / `<name>.idx` (git's pack and index, `name` its content
+    hash) and `chains/<tip>.json` (the packs that hold exactly what `tip` reaches, in order, and
+    the coarse cut it extends). Files appear by rename; a lock file serialises builders."""
+
+    def __init__(self, root: Path, coarse: int = COARSE) -> None:
+        self.root = Path(root)
+        self.coarse = coarse
+        (self.root / "chains").mkdir(parents=True, exist_ok=True)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        fd = os.open(self.root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def chain(self, tip: str) -> dict | None:
+        try:
+            doc = json.loads((self.root / "chains" / f"{tip}.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        if doc.get("format") != _FORMAT or doc.get("coarse") != self.coarse:
+            return None
+        if not all(self.has(p) for p in doc["packs"]):
+            return None
+        return doc  # type: ignore[no-any-return]
+
+    def chains(self) -> dict[str, dict]:
+        out = {}
+        for name in os.listdir(self.root / "chains"):
+            tip = name.removesuffix(".json")
+            if _SHA.match(tip) and (doc := self.chain(tip)) is not None:
+                out[tip] = doc
+        return out
+
+    def save_chain(self, tip: str, packs: list[str], cut: str | None, depth: int) -> None:
+        doc = {"format": _FORMAT, "coarse": self.coarse, "packs": packs, "cut": cut, "depth": depth}
+        tmp = self.root / "chains" / f".{tip}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, self.root / "chains" / f"{tip}.json")
+
+    def has(self, name: str) -> bool:
+        return (self.root / f"{name}.pack").is_file() and (self.root / f"{name}.idx").is_file()
+
+    def make_pack(self, source: str | Path, revs: list[str]) -> str:
+        """A pack of the objects `git rev-list --objects <revs>` lists in `source`; its name."""
+        with tempfile.TemporaryDirectory(dir=self.root, prefix=".new-") as tmp:
+            out = _git(
+                source,
+                "pack-objects",
+                "--revs",
+                "--threads=1",  # the same bytes for the same objects: packs dedupe in the store
+                "-q",
+                f"{tmp}/p",
+                stdin="\n".join(revs) + "\n",
+            ).strip()
+            if not _SHA.match(out):
+                raise HistoryError(f"git pack-objects in {source} printed {out!r}")
+            for ext in ("idx", "pack"):  # the pack last: `has` needs both
+                os.chmod(f"{tmp}/p-{out}.{ext}", 0o444)
+                os.replace(f"{tmp}/p-{out}.{ext}", self.root / f"{out}.{ext}")
+        return out
+
+
+def _first_parents(source: str | Path, base: str) -> list[str]:
+    return _git(source, "rev-list", "--first-parent", "--reverse", base).split()
+
+
+def _is_ancestor(source: str | Path, a: str, b: str) -> bool:
+    env = {**os.environ, **_GIT_ENV}
+    r = subprocess.run(
+        ["git", "-C", str(source), "merge-base", "--is-ancestor", a, b],
+        capture_output=True,
+        env=env,
+        check=False,
+    )
+    return r.returncode == 0
+
+
+def ancestor_tags(source: str | Path, base: str) -> dict[str, str]:
+    """Tag name -> object id of the tags whose commit is an ancestor of `base`."""
+    out = _git(
+        source,
+        "for-each-ref",
+        "--merged",
+        base,
+        "--format=%(refname:strip=2) %(objectname)",
+        "refs/tags",
+    )
+    return dict(line.split(" ", 1) for line in out.splitlines() if " " in line)
+
+
+def resolve_commit(source: str | Path, rev: str) -> str:
+    """The full id of commit `rev` in `source`. Raises HistoryError when it is not there."""
+    if rev.startswith("-") or not rev.strip():
+        raise HistoryError(f"{source}: {rev!r} is not a commit")
+    full = _git(source, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}", check=False)
+    if not _SHA.match(full.strip()):
+        raise HistoryError(f"commit {rev} is not in {source}")
+    return full.strip()
+
+
+def plan_packs(source: str | Path, base: str, cache: PackCache) -> list[str]:
+    """The packs (made where missing) that together hold exactly what `base` and its ancestor
+    tags reach. Raises HistoryError when `source` lacks the commit or is shallow."""
+    base = resolve_commit(source, base)
+    if _git(source, "rev-parse", "--is-shallow-repository").strip() == "true":
+        raise HistoryError(f"{source} is a shallow clone: the history of {base} is incomplete")
+    with cache.locked():
+        done = cache.chain(base)
+        if done is not None:
+            return list(done["packs"])
+        firsts = _first_parents(source, base)
+        packs: list[str] = []
+        cut: str | None = None
+        # Shared cuts: the same first-parent commits for every task whose history holds them.
+        for depth in range(cache.coarse, len(firsts), cache.coarse):
+            tip = firsts[depth - 1]
+            known = cache.chain(tip)
+            if known is None:
+                packs = [*packs, cache.make_pack(source, [tip, *([f"^{cut}"] if cut else [])])]
+                cache.save_chain(tip, packs, cut, depth)
+            else:
+                packs = list(known["packs"])
+            cut = tip
+        # Then from the nearest task already built on this stretch, or from the cut.
+        start, start_packs, best = cut, packs, -1
+        for tip, doc in cache.chains().items():
+            if (
+                doc.get("cut") == cut
+                and best < doc["depth"] < len(firsts)
+                and _is_ancestor(source, tip, base)
+            ):
+                start, start_packs, best = tip, list(doc["packs"]), doc["depth"]
+        tags = [f"refs/tags/{t}" for t in ancestor_tags(source, base)]
+        revs = [base, *tags, *([f"^{start}"] if start else [])]
+        packs = [*start_packs, cache.make_pack(source, revs)]
+        cache.save_chain(base, packs, cut, len(firsts))
+        return packs
+
+
+def checkout_past(
+    source: str | Path, base: str, dest: Path, cache: PackCache, branch: str = "main"
+) -> None:
+    """A new repository at `dest` on `branch` at `base`, its work tree checked out, holding
+    only the past of `base` (see the module docstring). `source` is a local repository."""
+    base = resolve_commit(source, base)
+    packs = plan_packs(source, base, cache)
+    tags = ancestor_tags(source, base)
+    _git(dest.parent, "init", "-q", "--template=", f"--initial-branch={branch}", str(dest))
+    _git(dest, "config", "core.logAllRefUpdates", "false")
+    pack_dir = dest / ".git" / "objects" / "pack"
+    pack_dir.mkdir(parents=True, exist_ok=True)
+    for name in packs:
+        for ext in ("pack", "idx"):
+            # Copies, not links: the checkout becomes sandbox-writable; the cache must not.
+            shutil.copyfile(cache.root / f"{name}.{ext}", pack_dir / f"pack-{name}.{ext}")
+            os.chmod(pack_dir / f"pack-{name}.{ext}", 0o444)
+    _git(dest, "update-ref", f"refs/heads/{branch}", base)
+    for tag, oid in tags.items():
+        _git(dest, "update-ref", f"refs/tags/{tag}", oid)
+    _git(dest, "reset", "-q", "--hard", base)
+    for leftover in ("ORIG_HEAD", "FETCH_HEAD", "logs"):
+        path = dest / ".git" / leftover
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def _gold_blobs(testbed: Path, gold_patch: str) -> set[str]:
+    """The blob ids of the files as the gold patch leaves them (computed outside the repo: nothing
+    is written to its object database)."""
+    from .specs import files_in_patch
+
+    blobs = set()
+    with tempfile.TemporaryDirectory(prefix="msb-gold-") as tmp:
+        work = Path(tmp)
+        for rel in files_in_patch(gold_patch):
+            content = subprocess.run(
+                ["git", "-C", str(testbed), "show", f"HEAD:{rel}"],
+                capture_output=True,
+                env={**os.environ, **_GIT_ENV},
+                check=False,
+            )
+            if content.returncode == 0:
+                (work / rel).parent.mkdir(parents=True, exist_ok=True)
+                (work / rel).write_bytes(content.stdout)
+        (work / "gold.patch").write_text(gold_patch)
+        r = subprocess.run(
+            ["git", "apply", "--unsafe-paths", "--directory=.", "gold.patch"],
+            cwd=work,
+            capture_output=True,
+            env={**os.environ, **_GIT_ENV},
+            check=False,
+        )
+        if r.returncode != 0:
+            r = subprocess.run(
+                ["patch", "-p1", "--batch", "-i", "gold.patch"], cwd=work, capture_output=True
+            )
+        for rel in files_in_patch(gold_patch):
+            if (work / rel).is_file():
+                blobs.add(_git(work, "hash-object", "--no-filters", str(work / rel)).strip())
+    return blobs
+
+
+def check_only_past(testbed: Path, gold_patch: str | None = None) -> list[str]:
+    """Problems that would let an agent reach the future from `testbed` (empty: none)."""
+    problems: list[str] = []
+    git_dir = testbed / ".git"
+    head = _git(testbed, "rev-parse", "HEAD").strip()
+    refs = _git(testbed, "for-each-ref", "--format=%(refname) %(objectname) %(*objectname)")
+    for line in refs.splitlines():
+        name, oid, *peeled = line.split(" ")
+        target = peeled[0] if peeled and peeled[0] else oid
+        if name.startswith("refs/heads/"):
+            if oid != head:
+                problems.append(f"branch {name} points at {oid}, not HEAD {head}")
+        elif name.startswith("refs/tags/"):
+            if not _is_ancestor(testbed, target, head):
+                problems.append(f"tag {name} points at {target}, not an ancestor of HEAD")
+        else:
+            problems.append(f"ref {name} is neither HEAD's branch nor a tag")
+    for extra in ("logs", "ORIG_HEAD", "FETCH_HEAD", "refs/stash", "objects/info/alternates"):
+        if (git_dir / extra).exists():
+            problems.append(f".git/{extra} exists")
+    if _git(testbed, "remote").strip():
+        problems.append(f"remotes configured: {_git(testbed, 'remote').split()}")
+    every = set(
+        _git(testbed, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split()
+    )
+    reachable = {
+        line.split(" ", 1)[0]
+        for line in _git(testbed, "rev-list", "--objects", "--all").splitlines()
+    }
+    unreachable = every - reachable
+    if unreachable:
+        problems.append(f"{len(unreachable)} unreachable objects (e.g. {sorted(unreachable)[0]})")
+    if gold_patch:
+        present = sorted(b for b in _gold_blobs(testbed, gold_patch) if b in every)
+        if present:
+            problems.append(f"blobs of the gold patch are present: {', '.join(present)}")
+    return problems
+
+
+def object_counts(testbed: Path) -> tuple[int, int]:
+    """(objects in the repository, objects not reachable from its refs)."""
+    every = set(
+        _git(testbed, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split()
+    )
+    reachable = {
+        line.split(" ", 1)[0]
+        for line in _git(testbed, "rev-list", "--objects", "--all").splitlines()
+    }
+    return len(every), len(every - reachable)
