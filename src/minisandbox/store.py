@@ -42,6 +42,7 @@ import builtins
 import contextlib
 import datetime as dt
 import errno
+import functools
 import hashlib
 import json
 import logging
@@ -64,6 +65,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ._cleanup import remove_tree
 from .errors import MiniSandboxError
+from .pool import FilePool, pool_name
 
 logger = logging.getLogger(__name__)
 
@@ -698,9 +700,18 @@ class LayerStore:
 
     # unpack
 
-    def unpack(self, layer_id: str, dest: Path, *, owner: tuple[int, int] | None = None) -> Path:
+    def unpack(
+        self,
+        layer_id: str,
+        dest: Path,
+        *,
+        owner: tuple[int, int] | None = None,
+        pool: FilePool | None = None,
+    ) -> Path:
         """Recreate the layer's tree at `dest`, which must not exist. Every blob is verified; on
-        any error `dest` stays absent. `owner` (uid, gid) is given to every entry."""
+        any error `dest` stays absent. `owner` (uid, gid) is given to every entry. With a
+        `pool` (on dest's filesystem), files are hard links to the pool's copies, written there
+        only when the pool lacks them (see pool.py)."""
         dest = Path(dest)
         if os.path.lexists(dest):
             raise FileExistsError(errno.EEXIST, "unpack destination exists", str(dest))
@@ -708,7 +719,7 @@ class LayerStore:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f".{dest.name}.unpack-{os.getpid()}-{secrets.token_hex(4)}"
         try:
-            self._unpack_into(layer_id, doc, tmp, owner)
+            self._unpack_into(layer_id, doc, tmp, owner, pool)
             os.rename(tmp, dest)
         except BaseException:
             remove_tree(str(tmp))
@@ -716,7 +727,12 @@ class LayerStore:
         return dest
 
     def _unpack_into(
-        self, layer_id: str, doc: dict[str, Any], tmp: Path, owner: tuple[int, int] | None
+        self,
+        layer_id: str,
+        doc: dict[str, Any],
+        tmp: Path,
+        owner: tuple[int, int] | None,
+        pool: FilePool | None = None,
     ) -> None:
         shas: list[str] = doc["blobs"]
         base = os.fspath(tmp)
@@ -751,7 +767,7 @@ class LayerStore:
                 for e in entries:
                     _finish_file(_create(os.path.join(base, e[1])), e, owner)
                 return
-            self._write_blob(layer_id, shas[i], entries, base, owner)
+            self._write_blob(layer_id, shas[i], entries, base, owner, pool)
 
         # Each file is created, filled and given its owner, mode and mtime by one worker, by
         # descriptor: per-file system calls dominate unpacking, so none are left for later.
@@ -776,47 +792,88 @@ class LayerStore:
         entries: builtins.list[builtins.list[Any]],
         base: str,
         owner: tuple[int, int] | None,
+        pool: FilePool | None = None,
     ) -> None:
         path = self.blob_path(sha)
         if all(e[6] == 0 and e[3] == entries[0][3] for e in entries):
             # The blob is one file's content (a layer may hold that file several times): stream
             # it, verifying as it goes, rather than holding a large file in memory.
-            e = entries[0]
-            h = hashlib.sha256()
-            written = 0
-            fd = _create(os.path.join(base, e[1]))
-            try:
-                with open(path, "rb") as src, open(fd, "wb", closefd=False) as out:
-                    reader = _decompressor().stream_reader(src, read_size=_CHUNK)
-                    while chunk := reader.read(_CHUNK):
-                        h.update(chunk)
-                        out.write(chunk)
-                        written += len(chunk)
-                _finish_file(fd, e, owner)
-            except FileNotFoundError:
-                os.close(fd)
-                raise CorruptLayerError(layer_id, path, "blob missing") from None
-            except zstandard.ZstdError as exc:
-                os.close(fd)
-                raise CorruptLayerError(layer_id, path, f"zstd: {exc}") from None
-            if written != e[3]:
-                raise CorruptLayerError(layer_id, path, f"{written} bytes, expected {e[3]}")
-            if h.hexdigest() != sha:
-                raise CorruptLayerError(layer_id, path, "sha256 mismatch")
+            first = entries[0]
+
+            def make(fd: int, e: builtins.list[Any] = first) -> None:
+                self._stream_blob(layer_id, sha, e, fd, owner)
+
+            if pool is not None:
+                for e in entries:
+                    name = pool_name(sha, e[2], e[4], owner)
+                    pool.link_into(name, os.path.join(base, e[1]), functools.partial(make, e=e))
+                return
+            make(_create(os.path.join(base, first[1])))
             for other in entries[1:]:
-                shutil.copyfile(os.path.join(base, e[1]), os.path.join(base, other[1]))
+                shutil.copyfile(os.path.join(base, first[1]), os.path.join(base, other[1]))
                 _finish_file(os.open(os.path.join(base, other[1]), os.O_RDONLY), other, owner)
             return
-        data = self._read_blob(layer_id, sha)
-        for e in entries:
-            chunk = data[e[6] : e[6] + e[3]]
-            if len(chunk) != e[3]:
-                raise CorruptLayerError(layer_id, path, f"pack too short for {e[1]}")
-            fd = _create(os.path.join(base, e[1]))
-            view = memoryview(chunk)
-            while view:
-                view = view[os.write(fd, view) :]
+        loaded: builtins.list[bytes] = []  # the pack, read only if the pool lacks a file of it
+
+        def fill(fd: int, e: builtins.list[Any]) -> None:
+            try:
+                if not loaded:
+                    loaded.append(self._read_blob(layer_id, sha))
+                chunk = loaded[0][e[6] : e[6] + e[3]]
+                if len(chunk) != e[3]:
+                    raise CorruptLayerError(layer_id, path, f"pack too short for {e[1]}")
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except BaseException:
+                os.close(fd)
+                raise
             _finish_file(fd, e, owner)
+
+        for e in entries:
+            dest = os.path.join(base, e[1])
+            if pool is None:
+                fill(_create(dest), e)
+            else:
+                name = pool_name(f"{sha}.{e[6]}.{e[3]}", e[2], e[4], owner)
+                pool.link_into(name, dest, functools.partial(fill, e=e))
+
+    def _stream_blob(
+        self,
+        layer_id: str,
+        sha: str,
+        e: builtins.list[Any],
+        fd: int,
+        owner: tuple[int, int] | None,
+    ) -> None:
+        """Decompress the one-file blob `sha` into `fd`, verifying it, then finish the file
+        (owner, mode, mtime) and close `fd`."""
+        path = self.blob_path(sha)
+        h = hashlib.sha256()
+        written = 0
+        try:
+            with open(path, "rb") as src, open(fd, "wb", closefd=False) as out:
+                reader = _decompressor().stream_reader(src, read_size=_CHUNK)
+                while chunk := reader.read(_CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    written += len(chunk)
+        except FileNotFoundError:
+            os.close(fd)
+            raise CorruptLayerError(layer_id, path, "blob missing") from None
+        except zstandard.ZstdError as exc:
+            os.close(fd)
+            raise CorruptLayerError(layer_id, path, f"zstd: {exc}") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        if written != e[3]:
+            os.close(fd)
+            raise CorruptLayerError(layer_id, path, f"{written} bytes, expected {e[3]}")
+        if h.hexdigest() != sha:
+            os.close(fd)
+            raise CorruptLayerError(layer_id, path, "sha256 mismatch")
+        _finish_file(fd, e, owner)
 
     def _read_blob(self, layer_id: str, sha: str) -> bytes:
         path = self.blob_path(sha)

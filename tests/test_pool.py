@@ -1,0 +1,108 @@
+"""The node's file pool: layers unpacked with it hold each file once (hard links), insertions
+are atomic, concurrent inserters make one file, and sweep/verify keep it honest."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+from minisandbox.pool import FilePool, pool_name
+from minisandbox.store import LayerStore
+
+
+def _tree(root: Path, extra: str) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    for i in range(40):
+        (root / "pkg" / f"m{i}.py").write_text(f"x = {i}\n" * 20)
+    (root / "big.bin").write_bytes(os.urandom(100_000))
+    (root / "own.txt").write_text(extra)
+    (root / "empty").write_text("")
+    return root
+
+
+def _inode(path: Path) -> int:
+    return os.stat(path).st_ino
+
+
+def test_layers_share_unpacked_files(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store", fsync=False)
+    a = _tree(tmp_path / "a", "a")
+    b = tmp_path / "b"
+    os.system(f"cp -a {a} {b}")
+    (b / "own.txt").write_text("b")
+    la, lb = store.publish(a), store.publish(b)
+    pool = FilePool(tmp_path / "cache" / "pool")
+    ua = store.unpack(la.id, tmp_path / "cache" / "A", pool=pool)
+    files_after_a = pool.usage()[0]
+    ub = store.unpack(lb.id, tmp_path / "cache" / "B", pool=pool)
+    assert _inode(ua / "big.bin") == _inode(ub / "big.bin")
+    assert _inode(ua / "pkg/m3.py") == _inode(ub / "pkg/m3.py")
+    assert _inode(ua / "own.txt") != _inode(ub / "own.txt")
+    assert (ub / "own.txt").read_text() == "b" and (ua / "pkg/m7.py").read_text() == "x = 7\n" * 20
+    assert pool.usage()[0] == files_after_a + 1, "B wrote more than its one new file"
+    # A layer without the pool (positive control) gets files of its own.
+    uc = store.unpack(la.id, tmp_path / "cache" / "C")
+    assert _inode(uc / "big.bin") != _inode(ua / "big.bin")
+    assert pool.verify(lambda sha: store._read_blob("check", sha)) == []
+    # Removing a layer's tree leaves the pool files of the other; sweep drops unused ones.
+    os.system(f"rm -rf {ua}")
+    removed, _ = pool.sweep()
+    assert removed == 1  # a's own.txt
+    assert (ub / "big.bin").exists()
+    os.system(f"rm -rf {ub}")
+    pool.sweep()
+    assert pool.usage()[0] == 0
+
+
+def _insert(root: str, dest: str, barrier) -> None:  # type: ignore[no-untyped-def]
+    pool = FilePool(Path(root))
+    barrier.wait()
+
+    def make(fd: int) -> None:
+        os.write(fd, b"same content\n")
+        os.close(fd)
+
+    pool.link_into("f" * 64 + "-644-0-0.0", dest, make)
+
+
+def test_concurrent_insertion_makes_one_file_and_crashes_leave_nothing_visible(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "pool"
+    FilePool(root)
+    barrier = multiprocessing.Barrier(4)
+    procs = [
+        multiprocessing.Process(target=_insert, args=(str(root), str(tmp_path / f"d{i}"), barrier))
+        for i in range(4)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    inodes = {_inode(tmp_path / f"d{i}") for i in range(4)}
+    assert len(inodes) == 1 and (tmp_path / "d0").read_bytes() == b"same content\n"
+    pool = FilePool(root)
+    assert pool.usage()[0] == 1 and os.listdir(root / "tmp") == []
+    # A dead inserter's half-written file stays in tmp/, invisible, until sweep.
+    (root / "tmp" / "999999999.abc").write_bytes(b"half")
+    pool.sweep()
+    assert os.listdir(root / "tmp") == []
+
+
+def test_verify_finds_a_corrupt_pool_file(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store", fsync=False)
+    layer = store.publish(_tree(tmp_path / "a", "a"))
+    pool = FilePool(tmp_path / "cache" / "pool")
+    tree = store.unpack(layer.id, tmp_path / "cache" / "A", pool=pool)
+    assert pool.verify(lambda sha: store._read_blob("check", sha)) == []
+    victim = tree / "pkg" / "m1.py"
+    os.chmod(victim, 0o644)
+    victim.write_text("tampered\n")
+    problems = pool.verify(lambda sha: store._read_blob("check", sha))
+    assert len(problems) == 1 and "does not match" in problems[0]
+
+
+def test_pool_names_ignore_setid_bits() -> None:
+    assert pool_name("a" * 64, 0o4755, 1, (0, 0)) == pool_name("a" * 64, 0o755, 1, (0, 0))
