@@ -109,6 +109,21 @@ async def test_timeout_then_interrupt(rt: MiniSandboxRuntime) -> None:
     assert await run(rt, "echo again") == ("again\n", 0)
 
 
+async def test_interrupt_restarts_a_shell_that_ignores_sigint(rt: MiniSandboxRuntime) -> None:
+    """Where swerex would fail to interrupt, the shell is restarted (its startup files sourced
+    again) and the observation says that its state was lost."""
+    await rt.write_file(WriteFileRequest(path="/root/rc", content="export FROM_RC=yes\n"))
+    await rt.create_session(CreateBashSessionRequest(session="loop", startup_source=["/root/rc"]))
+    assert await run(rt, "cd /tmp; X=1; echo $FROM_RC", session="loop") == ("yes\n", 0)
+    loop = "trap '' INT; while :; do sleep 0.1; done"
+    with pytest.raises(CommandTimeoutError):
+        await rt.run_in_session(BashAction(command=loop, session="loop", timeout=0.5))
+    o = await rt.run_in_session(BashInterruptAction(session="loop", timeout=1))
+    assert "restarted" in o.output and "state is lost" in o.output, o.output
+    out, code = await run(rt, "echo $FROM_RC ${X:-unset} $PWD", session="loop")
+    assert code == 0 and out.startswith("yes unset ") and out != "yes unset /tmp\n", out
+
+
 async def test_interactive_program(rt: MiniSandboxRuntime) -> None:
     o = await rt.run_in_session(
         BashAction(command="python3", is_interactive_command=True, expect=[">>> "], timeout=10)

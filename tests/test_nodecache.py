@@ -228,3 +228,21 @@ def test_corrupt_layer_leaves_cache_clean(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "cache" / "stamps")) == cache.cached()
     with cache.use_sync([good]) as paths:
         assert (paths[0] / "data" / "name.txt").read_text() == "good"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root caller's cache is made root's")
+async def test_root_callers_cache_is_roots_alone(tmp_path: Path) -> None:
+    """Its layers belong to the sandboxes' host uid; the directories above them are root's,
+    mode 0700, so that uid cannot reach them from the host (attack_mapped_uid_writes_node_cache
+    tries). A cache root the sandboxes' uid owned is taken back."""
+    store = LayerStore(tmp_path / "store")
+    layer = make_layer(store, tmp_path, "a", 1024)
+    owner = (1500000000, 1500000000)
+    (tmp_path / "cache").mkdir()
+    os.chown(tmp_path / "cache", *owner)
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30, owner=owner)
+    async with cache.use([layer]) as (path,):
+        assert (path.stat().st_uid, path.stat().st_gid) == owner
+    for sub in ("", "layers", "stamps", "locks", "tmp"):
+        st = (tmp_path / "cache" / sub).stat()
+        assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o700), sub

@@ -108,6 +108,25 @@ async def test_layers_overlay_in_order_and_writes_stay_in_upper(tmp_path: Path) 
     # A kept upper layer carries the changes into the next sandbox.
     async with Sandbox(layers=[base, top], upper=upper) as sb:
         assert (await sb.execute("cat shared.txt new.txt")).stdout == "new\nx\n"
+        # The sandbox may open its `/` (the upper) to everyone; stop() makes it private again.
+        assert (await sb.execute("chmod 755 / && stat -c %a /")).stdout == "755\n"
+    assert oct(upper.stat().st_mode & 0o7777) == oct(0o700)
+
+
+async def test_kept_upper_loses_set_id_bits_of_copied_up_files(layer_dir: Path) -> None:
+    """Seccomp refuses set-id modes, but a lower layer's set-id file keeps its bit when it is
+    copied up: a kept upper is swept at stop (and at the next start)."""
+    lower = layer_dir / "lower"
+    (lower / "opt").mkdir(parents=True)
+    (lower / "opt" / "tool").write_text("#!/bin/sh\n")
+    give_to_sandbox(lower)
+    os.chmod(lower / "opt" / "tool", 0o4755)
+    upper = layer_dir / "upper"
+    async with Sandbox(layers=[lower], upper=upper) as sb:
+        r = await sb.execute("touch /opt/tool && stat -c %a /opt/tool")
+        assert r.stdout == "4755\n", r.output
+        assert (upper / "opt" / "tool").stat().st_mode & 0o7777 == 0o4755  # copied up as is
+    assert (upper / "opt" / "tool").stat().st_mode & 0o7777 == 0o755
 
 
 async def test_ro_paths_are_visible_and_read_only(layer_dir: Path) -> None:
@@ -198,6 +217,46 @@ async def test_limits_tmp_size_and_processes() -> None:
         assert forks.exit_code != 0 or "retry" in forks.stderr or "fork" in forks.stderr
 
 
+async def test_read_file_refuses_what_is_not_a_small_regular_file(sandbox: Sandbox) -> None:
+    script = (
+        "ln -s /dev/zero /tmp/zero && mkfifo /tmp/fifo && mkdir /tmp/dir && "
+        "head -c 3000 /dev/zero > /tmp/3k && ln -s /tmp/3k /tmp/link && : > /tmp/empty"
+    )
+    assert (await sandbox.execute(script)).exit_code == 0
+    with pytest.raises(SandboxFileError, match=r"/tmp/zero.*character special file"):
+        await sandbox.read_file("/tmp/zero")
+    with pytest.raises(SandboxFileError, match=r"/tmp/fifo.*fifo, not a regular file"):
+        await sandbox.read_text("/tmp/fifo")
+    with pytest.raises(SandboxFileError, match="Is a directory"):
+        await sandbox.read_file("/tmp/dir")
+    with pytest.raises(SandboxFileError, match="No such file"):
+        await sandbox.read_file("/tmp/missing")
+    assert await sandbox.read_file("/tmp/link", max_bytes=3000) == bytes(3000)
+    assert await sandbox.read_file("/tmp/empty", max_bytes=0) == b""
+    with pytest.raises(SandboxFileError, match=r"/tmp/3k.*more than 2999 bytes.*max_bytes"):
+        await sandbox.read_file("/tmp/3k", max_bytes=2999)
+    with pytest.raises(SandboxFileError, match="max_bytes"):
+        await sandbox.read_file("/tmp/3k", max_bytes=None)  # type: ignore[arg-type]
+    assert (await sandbox.read_text("/proc/self/status")).startswith("Name:")
+    assert sandbox.running
+
+
+async def test_no_set_id_bits_through_file_calls(sandbox: Sandbox, tmp_path: Path) -> None:
+    with pytest.raises(SandboxFileError, match="set-user-id"):
+        await sandbox.write_file("/tmp/f", "x", mode=0o4755)
+    await sandbox.write_file("/tmp/f", "x", mode=0o1755)
+    assert (await sandbox.execute("stat -c %a /tmp/f")).stdout == "1755\n"
+    # Uploading a host file or tree with set-id bits: they are dropped, the rest is kept.
+    (tmp_path / "tree" / "shared").mkdir(parents=True)
+    (tmp_path / "tree" / "tool").write_text("#!/bin/sh\n")
+    os.chmod(tmp_path / "tree" / "tool", 0o4755)
+    os.chmod(tmp_path / "tree" / "shared", 0o2775)
+    await sandbox.upload(tmp_path / "tree", "/root/tree")
+    await sandbox.upload(tmp_path / "tree" / "tool", "/root/one")
+    r = await sandbox.execute("stat -c %a /root/tree/tool /root/tree/shared /root/one")
+    assert r.stdout.split() == ["755", "775", "755"], r.output
+
+
 def test_sync_facade() -> None:
     with SyncSandbox() as sb:
         assert sb.execute("echo hi").stdout == "hi\n"
@@ -277,3 +336,71 @@ async def test_cgroup_limits_where_delegated() -> None:
         assert hog.exit_code != 0 and "no" not in hog.stdout
         path = sb._cgroup.path
     assert not path.exists()
+
+
+# --------------------------------------------- caps that hold, crashes that leave nothing
+
+
+def test_disk_usage_counts_blocks_and_inodes_and_stops_at_a_cap(tmp_path: Path) -> None:
+    from minisandbox.sandbox import _disk_usage
+
+    (tmp_path / "d" / "e").mkdir(parents=True)
+    for i in range(50):
+        (tmp_path / "d" / f"empty{i}").touch()
+    (tmp_path / "d" / "e" / "data").write_bytes(b"x" * (1 << 20))
+    os.link(tmp_path / "d" / "e" / "data", tmp_path / "d" / "hardlink")  # counted once
+    os.symlink("/usr", tmp_path / "d" / "link")  # counted, never followed
+    usage = _disk_usage([tmp_path])
+    assert usage.inodes == 2 + 50 + 1 + 1  # d, e, the empty files, data, link
+    assert 1 << 20 <= usage.bytes < 2 << 20 and usage.breach is None
+    assert _disk_usage([tmp_path], max_inodes=10).breach == "inodes"
+    assert _disk_usage([tmp_path], max_bytes=1 << 19).breach == "bytes"
+    assert _disk_usage([tmp_path / "missing"]).inodes == 0
+
+
+async def test_upper_caps_bound_one_file_and_name_the_limit() -> None:
+    """RLIMIT_FSIZE is at most upper_bytes; crossing a cap names it and the fix."""
+    limits = Limits(upper_bytes=8 * 1024 * 1024, file_size_bytes=1 << 30)
+    async with Sandbox(limits=limits) as sb:
+        r = await sb.execute("ulimit -f")
+        assert int(r.stdout) * 1024 == 8 * 1024 * 1024
+    from minisandbox.errors import SandboxLimitError
+
+    async with Sandbox(limits=Limits(upper_inodes=500)) as sb:
+        with pytest.raises(SandboxLimitError, match=r"Limits\.upper_inodes"):
+            await sb.execute(
+                "mkdir /root/f && for i in $(seq 700); do : > /root/f/$i; done; sleep 60",
+                timeout=60,
+            )
+
+
+async def test_total_memory_bytes_is_refused_without_a_delegated_cgroup() -> None:
+    from minisandbox.cgroups import delegated_parent
+
+    assert Limits().total_memory_bytes is None  # the default needs no cgroup
+    if delegated_parent() is not None:
+        pytest.skip("a delegated cgroup v2 is available here: the cap is enforced instead")
+    with pytest.raises(SandboxConfigError, match=r"total_memory_bytes.*memory_bytes"):
+        async with Sandbox(limits=Limits(total_memory_bytes=1 << 30)):
+            pass
+
+
+async def test_kept_upper_work_dir_names_its_owner_and_dead_owners_are_swept(
+    tmp_path: Path,
+) -> None:
+    upper = tmp_path / "upper"
+    upper.mkdir()
+    # A dead owner's: a pid above the kernel's maximum names no process.
+    dead = tmp_path / ".upper.work-p999999999-123-abcdef"
+    (dead / "work").mkdir(parents=True)
+    foreign = tmp_path / ".upper.work-0123456789ab"  # an old-style name: owner unknown, kept
+    foreign.mkdir()
+    async with Sandbox(upper=upper) as sb:
+        assert not dead.exists()
+        mine = [p.name for p in tmp_path.iterdir() if p.name.startswith(".upper.work-p")]
+        assert len(mine) == 1 and mine[0].startswith(f".upper.work-p{os.getpid()}-")
+        assert sb._dir is not None
+        registered = (sb._dir / "external-dirs").read_text().split()
+        assert registered == [str(tmp_path / mine[0])]
+    assert foreign.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".upper.work-p")]

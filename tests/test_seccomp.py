@@ -7,6 +7,7 @@ import platform
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -26,11 +27,15 @@ NR = {
         "ioctl": 16, "getpid": 39, "clone": 56, "ptrace": 101, "mount": 165,
         "iopl": 172, "keyctl": 250, "unshare": 272, "io_uring_setup": 425,
         "clone3": 435, "open_tree_attr": 467,
+        "open": 2, "creat": 85, "chmod": 90, "fchmod": 91, "mknod": 133, "openat": 257,
+        "mknodat": 259, "fchmodat": 268, "openat2": 437, "fchmodat2": 452,
     },
     "aarch64": {
         "ioctl": 29, "getpid": 172, "clone": 220, "ptrace": 117, "mount": 40,
         "keyctl": 219, "unshare": 97, "io_uring_setup": 425, "clone3": 435,
         "open_tree_attr": 467,
+        "mknodat": 33, "fchmod": 52, "fchmodat": 53, "openat": 56, "openat2": 437,
+        "fchmodat2": 452,
     },
 }
 # fmt: on
@@ -131,6 +136,42 @@ def test_emulated_policy(arch: str) -> None:
         assert run_bpf(prog, 0x40000000 | 39, audit) == ERRNO | ENOSYS  # x32
 
 
+@pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
+def test_emulated_setid_modes(arch: str) -> None:
+    """Set-id bits are refused wherever a mode is set or a file created with one."""
+    prog, nr, audit = build_filter(arch), NR[arch], AUDIT_ARCH[arch]
+
+    def run(name: str, *args: int) -> int:
+        return run_bpf(prog, nr[name], audit, args)
+
+    o_creat, o_tmpfile = 0o100, 0o20000000 | (0o200000 if arch == "x86_64" else 0o40000)
+    s_ifreg = 0o100000
+    mode_calls = [("fchmod", 1), ("fchmodat", 2), ("fchmodat2", 2), ("mknodat", 2)]
+    if arch == "x86_64":
+        mode_calls += [("chmod", 1), ("creat", 1), ("mknod", 1)]
+    for name, i in mode_calls:
+        for mode, verdict in ((0o4755, EPERM), (0o2755, EPERM), (0o6000, EPERM), (0o755, 0)):
+            args = [0] * 4
+            args[i] = mode | (s_ifreg if name.startswith("mknod") else 0)
+            assert run(name, *args) == (ERRNO | EPERM if verdict else ALLOW), (name, oct(mode))
+        high = [0] * 4
+        high[i] = 0x1_0000_0000 | 0o4755  # the kernel reads 16 bits: still set-uid
+        assert run(name, *high) == ERRNO | EPERM, name
+    opens = [("openat", 2, 3)] + ([("open", 1, 2)] if arch == "x86_64" else [])
+    for name, f, m in opens:
+        for flags, mode, denied in (
+            (o_creat | 0o1, 0o4755, True),
+            (o_tmpfile | 0o2, 0o2700, True),
+            (o_creat, 0o755, False),
+            (0, 0o4755, False),  # no file is created: the mode is ignored
+            (0o2, 0xFFFF_FFFF, False),
+        ):
+            args = [0] * 4
+            args[f], args[m] = flags, mode
+            assert run(name, *args) == (ERRNO | EPERM if denied else ALLOW), (name, flags, mode)
+    assert run("openat2", 0, 0, 0, 24) == ERRNO | ENOSYS
+
+
 # ---------------------------------------------------------------------------
 # Kernel checks: install the filter in a child Python and probe syscalls.
 # ---------------------------------------------------------------------------
@@ -187,6 +228,33 @@ CHILD = textwrap.dedent(
                                              ctypes.c_ulong(1), params))
     out["clone3"] = sc("clone3", 0, 0)
 
+    # Set-id modes (with positive controls: the same calls without the bits succeed).
+    d = sys.argv[4]
+    path = os.path.join(d, "f").encode()
+    p = ctypes.c_char_p(path)
+    def at(name, *args):
+        ctypes.set_errno(0)
+        return res(libc.syscall(ctypes.c_long(nr[name]), *args))
+    AT = ctypes.c_long(-100)
+    out["openat_creat_755"] = at("openat", AT, p, ctypes.c_ulong(0o101), ctypes.c_ulong(0o755))
+    out["openat_creat_4755"] = at("openat", AT, ctypes.c_char_p(path + b"2"),
+                                  ctypes.c_ulong(0o101), ctypes.c_ulong(0o4755))
+    out["fchmodat_755"] = at("fchmodat", AT, p, ctypes.c_ulong(0o700))
+    out["fchmodat_4755"] = at("fchmodat", AT, p, ctypes.c_ulong(0o4755))
+    out["fchmodat_2755"] = at("fchmodat", AT, p, ctypes.c_ulong(0o2755))
+    fd = os.open(path, os.O_RDONLY)
+    out["fchmod_4755"] = at("fchmod", ctypes.c_long(fd), ctypes.c_ulong(0o4755))
+    out["fchmod_644"] = at("fchmod", ctypes.c_long(fd), ctypes.c_ulong(0o644))
+    out["mknodat_reg_4755"] = at("mknodat", AT, ctypes.c_char_p(path + b"3"),
+                                 ctypes.c_ulong(0o104755), ctypes.c_ulong(0))
+    out["mknodat_reg_644"] = at("mknodat", AT, ctypes.c_char_p(path + b"4"),
+                                ctypes.c_ulong(0o100644), ctypes.c_ulong(0))
+    how = ctypes.create_string_buffer(24)  # struct open_how {flags, mode, resolve}: zeros
+    out["openat2"] = at("openat2", AT, p, how, ctypes.c_ulong(24))
+    out["setid_files"] = sorted(
+        n for n in os.listdir(d) if os.stat(os.path.join(d, n)).st_mode & 0o6000
+    )
+
     master, slave = os.openpty()
     ch = ctypes.c_char(b"x")
     for key, fd, cmd in (("tiocsti", slave, 0x5412), ("tioclinux", slave, 0x541C),
@@ -210,6 +278,11 @@ CHILD = textwrap.dedent(
 
 
 def probe(install: bool = True) -> dict[str, list[int] | int]:
+    with tempfile.TemporaryDirectory() as scratch:
+        return _probe(install, scratch)
+
+
+def _probe(install: bool, scratch: str) -> dict[str, list[int] | int]:
     proc = subprocess.run(
         [
             sys.executable,
@@ -218,6 +291,7 @@ def probe(install: bool = True) -> dict[str, list[int] | int]:
             build_filter().hex(),
             json.dumps(NR[MACHINE]),
             "1" if install else "0",
+            scratch,
         ],
         capture_output=True,
         text=True,
@@ -242,6 +316,11 @@ EPERM_KEYS = [
     "tiocsti",
     "tioclinux",
     "tiocsti_hi",
+    "openat_creat_4755",
+    "fchmodat_4755",
+    "fchmodat_2755",
+    "fchmod_4755",
+    "mknodat_reg_4755",
 ]
 
 
@@ -254,6 +333,15 @@ def test_kernel_denies_with_eperm(filtered: dict, key: str) -> None:
 @native_only
 def test_kernel_clone3_enosys(filtered: dict) -> None:
     assert filtered["clone3"] == [-1, ENOSYS]
+
+
+@native_only
+def test_kernel_setid_modes(filtered: dict) -> None:
+    assert filtered["openat2"] == [-1, ENOSYS]
+    for key in ("fchmodat_755", "fchmod_644", "mknodat_reg_644"):
+        assert filtered[key] == [0, 0], key
+    assert filtered["openat_creat_755"][0] >= 0
+    assert filtered["setid_files"] == []
 
 
 @native_only
@@ -273,3 +361,7 @@ def test_kernel_control_without_filter() -> None:
     changed = [k for k in EPERM_KEYS if k in base and base[k] != [-1, EPERM]]
     assert changed, f"every probe already fails with EPERM unfiltered: {base}"
     assert base["unshare_files"] == [0, 0] and base["fork"] == 7
+    # The set-id modes really take without the filter (here owner and file are ours).
+    assert base["openat_creat_4755"][0] >= 0 and base["fchmodat_2755"] == [0, 0]
+    assert base["mknodat_reg_4755"] == [0, 0] and base["openat2"][0] >= 0
+    assert base["setid_files"], base

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from minisandbox import Sandbox
+from minisandbox import Sandbox, procs
 from minisandbox.errors import CommandTimeoutError, SessionError
+from minisandbox.session import RESTART_NOTE, RESTARTED_EXIT_CODE
 
 
 async def test_state_persists_between_commands(sandbox: Sandbox) -> None:
@@ -115,3 +116,57 @@ async def test_venv_activation_persists(sandbox: Sandbox) -> None:
     r = await s.run("python3 -m venv /root/v && source /root/v/bin/activate && which python")
     assert r.output.strip() == "/root/v/bin/python", r.output
     assert (await s.run("echo $VIRTUAL_ENV")).output == "/root/v\n"
+
+
+async def test_interrupt_restarts_a_shell_that_ignores_sigint(sandbox: Sandbox) -> None:
+    s = await sandbox.create_session("loop", env={"FROM_CREATE": "kept"})
+    await s.run("cd /tmp; X=1")
+    with pytest.raises(CommandTimeoutError):
+        await s.run("trap '' INT; while :; do sleep 0.1; done", timeout=0.5)
+    r = await s.interrupt(timeout=1)
+    assert r.restarted and r.exit_code == RESTARTED_EXIT_CODE
+    assert r.output.endswith(RESTART_NOTE)
+    assert sandbox.session("loop") is s and not s.busy
+    # The same name and environment; the old shell's state is gone.
+    r = await s.run("echo $FROM_CREATE ${X:-unset} $PWD")
+    assert r.output == f"kept unset {sandbox.config.workdir}\n" and not r.restarted
+
+
+async def test_input_never_read_does_not_stall_other_sessions(sandbox: Sandbox) -> None:
+    """Typing into a program that reads nothing waits for it without blocking the event loop
+    (other sessions go on), and gives up at the command's timeout."""
+    deaf, other = await sandbox.create_session("deaf"), await sandbox.create_session("other")
+    stuck = asyncio.ensure_future(deaf.run("sleep 1000", input="x\n" * 250_000, timeout=60))
+    try:
+        assert (await other.run("echo alive", timeout=60)).output == "alive\n"
+        assert not stuck.done()
+    finally:
+        stuck.cancel()
+    with pytest.raises(CommandTimeoutError, match="input was not read"):
+        await (await sandbox.create_session("deaf2")).run(
+            "sleep 1000", input="y\n" * 250_000, timeout=1
+        )
+
+
+async def test_sandbox_processes_seen_from_the_host(sandbox: Sandbox) -> None:
+    assert sandbox.pid is not None
+    r = await sandbox.execute("setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!")
+    ns_pid = int(r.stdout)
+    for _ in range(1000):  # until the child has run setsid (bounded)
+        found = {p.ns_pid: p for p in procs.sandbox_processes(sandbox.pid)}
+        sleeper = found[ns_pid]
+        if sleeper.sid == sleeper.pid:
+            break
+        await asyncio.sleep(0.01)
+    assert found[1].pid == sandbox.pid
+    assert sleeper.sid == sleeper.pgid == sleeper.pid
+    # The one-shot command's marker is inherited by what it started.
+    assert any(procs.environ_has(sleeper.pid, w.encode()) for w in _markers(sleeper.pid))
+    assert procs.kill_tree(sandbox.pid, ns_pids=[ns_pid]) == 1
+    assert (await sandbox.execute(f"kill -0 {ns_pid}")).exit_code != 0
+
+
+def _markers(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        words = f.read().decode().split("\0")
+    return [w for w in words if w.startswith(procs.MARKER_VAR + "=")]

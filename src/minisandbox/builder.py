@@ -428,7 +428,12 @@ class Builder:
                 "PIP_CACHE_DIR": "/tmp/pip-cache",
                 "PATH": f"{VENV}/bin:{uv.parent}:/usr/local/bin:/usr/bin:/bin",
             },
-            limits=Limits(tmp_bytes=16 * GiB, upper_bytes=64 * GiB, command_timeout=3600),
+            limits=Limits(
+                tmp_bytes=16 * GiB,
+                upper_bytes=64 * GiB,
+                upper_inodes=8_000_000,
+                command_timeout=3600,
+            ),
         )
 
     async def _step(self, sb: Sandbox, what: str, logs: Path, step: str, command: str) -> None:

@@ -17,21 +17,32 @@ DEFAULT_ROOT_MAPPED_UID = 1_500_000_000
 
 class Limits(BaseModel):
     """Resource limits. rlimits always apply (per process, except `processes`, which counts every
-    process of the sandbox); `upper_bytes` is enforced by a watchdog that stops the sandbox."""
+    process of the sandbox). `upper_bytes` and `upper_inodes` are enforced by a watchdog that
+    scans the upper layer (at most a second apart) and stops the sandbox when one is exceeded;
+    a single file is capped at `upper_bytes` too (RLIMIT_FSIZE), so that it cannot outgrow the
+    layer between two scans. `total_memory_bytes` needs a delegated cgroup v2 (see cgroups.py):
+    where there is none, setting it makes the start fail rather than go unenforced."""
 
     model_config = ConfigDict(extra="forbid")
 
     memory_bytes: int | None = Field(4 * GiB, description="address space per process (RLIMIT_AS)")
     processes: int | None = Field(1024, description="processes and threads in the sandbox")
     open_files: int = Field(4096, description="open file descriptors per process")
-    file_size_bytes: int | None = Field(8 * GiB, description="largest file a process may write")
+    file_size_bytes: int | None = Field(
+        8 * GiB, description="largest file a process may write (at most upper_bytes)"
+    )
     cpu_seconds: int | None = Field(None, description="CPU time per process")
     total_memory_bytes: int | None = Field(
-        8 * GiB, description="memory of the whole sandbox, where a cgroup v2 is delegated"
+        None,
+        description="memory of the whole sandbox; needs a delegated cgroup v2, else the start "
+        "is refused",
     )
     tmp_bytes: int = Field(1 * GiB, description="size of the private /tmp (tmpfs)")
     shm_bytes: int = Field(256 * MiB, description="size of /dev/shm (tmpfs)")
     upper_bytes: int | None = Field(8 * GiB, description="bytes written to the upper layer")
+    upper_inodes: int | None = Field(
+        500_000, description="files, directories and links in the upper layer"
+    )
     command_timeout: float = Field(600.0, description="default wall clock per command, seconds")
 
 

@@ -58,6 +58,7 @@ PATCH_PATH = "/tmp/patch.diff"
 EVAL_SCRIPT_PATH = "/eval.sh"
 _HOOK_PATH = "/tmp/.minisandbox-eval-hook.sh"
 _RC_PATH = "/tmp/.minisandbox-test-rc"
+_RC_MAX_BYTES = 64
 _HEREDOC = "EOF_114329324912"  # swebench's delimiter, so generated scripts read like theirs
 # Offline pip: the eval scripts of some repositories reinstall the package (`pip install -e .`);
 # with no index it uses what the environment holds, and for pip's isolated build the wheels of
@@ -296,8 +297,10 @@ class Evaluator:
             result.status = "unresolved"
             result.reason = f"the tests timed out after {self.timeout:g} s (process tree killed)"
             return
-        with contextlib.suppress(SandboxFileError):  # absent: the end marker never ran
-            rc = (await sb.read_text(_RC_PATH)).strip()
+        # Absent: the end marker never ran. The tests could have replaced it (a link to
+        # /dev/zero, a FIFO, a huge file): read_file refuses those, and an exit status is short.
+        with contextlib.suppress(SandboxFileError):
+            rc = (await sb.read_text(_RC_PATH, max_bytes=_RC_MAX_BYTES)).strip()
             if rc.lstrip("-").isdigit():
                 result.test_exit_code = int(rc)
         g = grade(task, result.log, test_exit_code=result.test_exit_code)
@@ -345,7 +348,13 @@ async def evaluate_many(
     jobs: int = 1,
     on_done: Callable[[EvalResult], None] | None = None,
 ) -> list[EvalResult]:
-    """Evaluate several (task, patch) pairs, `jobs` at a time, in input order."""
+    """Evaluate several (task, patch) pairs, `jobs` at a time; results in input order.
+
+    `on_done` runs as each evaluation finishes (e.g. to write its report at once). The first
+    exception (from an evaluation or from `on_done`), or our own cancellation, stops the rest:
+    each is cancelled and awaited, so that every sandbox is stopped before this returns, and
+    nothing is left running for `asyncio.run` to wait on. That exception is then raised.
+    """
     gate = asyncio.Semaphore(max(1, jobs))
 
     async def one(task: Task, patch: str | None) -> EvalResult:
@@ -355,4 +364,18 @@ async def evaluate_many(
             on_done(r)
         return r
 
-    return list(await asyncio.gather(*(one(t, p) for t, p in items)))
+    runs = [asyncio.ensure_future(one(t, p)) for t, p in items]
+    first: BaseException | None = None
+    try:
+        if runs:
+            done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [r for r in runs if r in done and not r.cancelled() and r.exception()]
+            first = failed[0].exception() if failed else None
+    finally:
+        # All done, or the first exception, or we are cancelled: nothing may outlive us.
+        for run in runs:
+            run.cancel()
+        await asyncio.gather(*runs, return_exceptions=True)
+    if first is not None:
+        raise first
+    return [r.result() for r in runs]

@@ -18,9 +18,10 @@ so it skips layers in use. Least recently used layers go first, while the cache 
 warning is logged and `usage().over_cap` tells). The cap is checked around each unpack, so unpacks
 running at once may exceed it briefly.
 
-Layers are shared read-only by convention (sandboxes mount them as overlay lower layers); after a
-machine crash (not a process crash) an unpacked layer may have lost data that was never flushed:
-`clear()` such a cache.
+For a root caller the cache is root's, mode 0700 (see `_make_private`); layers are owned by the
+uid sandboxes run as. Layers are shared read-only (sandboxes mount them as overlay lower layers);
+after a machine crash (not a process crash) an unpacked layer may have lost data that was never
+flushed: `clear()` such a cache.
 """
 
 from __future__ import annotations
@@ -112,14 +113,30 @@ class NodeCache:
         self.owner = owner
         for sub in ("layers", "stamps", "locks", "tmp"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
-        # Sandboxes of another uid (a root caller's) must traverse to their lower layers.
-        for path in (self.root, self.root / "layers"):
-            with contextlib.suppress(PermissionError):
-                os.chmod(path, 0o755)
+        if os.geteuid() == 0:
+            self._make_private()
         self.budget = (
             budget if budget is not None else LocalIOBudget.from_env(self.root / "io-budget")
         )
         self._sweep_tmp()
+
+    def _make_private(self) -> None:
+        """A root caller's cache is root's alone: its layers are owned by the uid its sandboxes
+        run as (they must appear as root inside), so a process of that uid on the host must not
+        reach them, or it could rewrite every later sandbox's files (a grader's included), nor
+        take the cache's locks. Root-owned directories of mode 0700 above them do that; bwrap
+        still mounts them, as it does so as root before dropping to that uid, and overlayfs
+        reads lower layers with the mounter's credentials."""
+        # The root may be a link the caller made; what is below it is ours.
+        paths = [os.path.realpath(self.root)]
+        paths += [os.path.join(paths[0], sub) for sub in ("layers", "stamps", "locks", "tmp")]
+        for path in paths:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fchown(fd, 0, 0)
+                os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
 
     # paths and bookkeeping
 

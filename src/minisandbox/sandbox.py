@@ -16,9 +16,13 @@ Two ways of starting bwrap, chosen by the caller's uid:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import dataclasses
+import errno
 import functools
 import json
+import logging
 import os
 import resource
 import secrets
@@ -35,7 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import runtime
+from . import _cleanup, procs, runtime, safefs
 from .bwrap import check_userns, explain_bwrap_failure, find_bwrap
 from .cgroups import SandboxCgroup, delegated_parent
 from .config import SandboxConfig
@@ -60,8 +64,24 @@ from .rootfs import (
 from .seccomp import build_filter
 from .session import ShellSession
 
+logger = logging.getLogger(__name__)
+
 # The control shell: runs each line the supervisor sends; replies on fd 9 only.
 _CONTROL_SCRIPT = 'exec 9>&1 1>/dev/null; echo R >&9; while IFS= read -r l; do eval "$l"; done'
+# What read_file reads at most unless told otherwise: sandbox content is untrusted, and an
+# uncapped read of a link to /dev/zero would fill the supervisor's memory.
+READ_MAX_BYTES = 64 * 1024 * 1024
+# read_file's reader, run inside: `sh -c _READ_SCRIPT sh PATH LIMIT`. The host's own tools by
+# absolute PATH (/usr is read-only inside); exit 3: a directory, 4: another non-regular file
+# (its kind on stderr).
+_READ_DIRECTORY, _READ_NOT_REGULAR = 3, 4
+_READ_SCRIPT = """PATH=/usr/bin:/bin
+kind=$(stat -L -c %F -- "$1") || exit 2
+case $kind in
+    "regular file"|"regular empty file") exec head -c "$2" -- "$1" ;;
+    directory) exit 3 ;;
+    *) printf '%s\n' "$kind" >&2; exit 4 ;;
+esac"""
 _START_TIMEOUT = 30.0
 
 
@@ -166,8 +186,18 @@ class Sandbox:
         if cfg.upper is not None:
             self._upper = Path(os.path.abspath(cfg.upper))
             self._upper.mkdir(parents=True, exist_ok=True)
-            # overlayfs wants its work dir empty and on the upper's filesystem.
-            self._work = self._upper.parent / f".{self._upper.name}.work-{self.id}"
+            _sweep_dead_work_dirs(self._upper)
+            # overlayfs wants its work dir empty and on the upper's filesystem. Named with its
+            # owner (pid and start time) so that a later start can tell a dead owner's, and
+            # registered (before it exists) for the janitor in case we die without stop().
+            self._work = self._upper.parent / _work_dir_name(self._upper, self.id)
+            fd = os.open(
+                self._dir / _cleanup.EXTERNAL_DIRS,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.fsencode(self._work) + b"\n")
             self._work.mkdir()
         else:
             self._upper = self._dir / "upper"
@@ -175,9 +205,31 @@ class Sandbox:
             self._upper.mkdir()
             self._work.mkdir()
         self._chown(self._upper)
+        if cfg.upper is not None:
+            # What an earlier sandbox left there, if it was never stopped. A root caller's bwrap
+            # makes its last steps (chdir) as host root without capabilities, a stranger to the
+            # sandbox's `/`: that needs search permission for others while it runs.
+            self._seal_kept_upper(0o711 if self.as_root else 0o700)
         self._chown(io)
         self._io_fd = os.open(io, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return io
+
+    def _seal_kept_upper(self, mode: int) -> None:
+        """A kept upper layer stays on the host after the sandbox: make it private to its owner
+        (`mode` 0700 once stopped; the directory is the sandbox's `/`, which it may chmod) and
+        clear set-id bits in it (seccomp refuses setting them, but a set-id file of a lower
+        layer can be copied up), so that no other host user can run anything from it as the
+        sandbox's uid. Directories that not even the caller may enter are skipped: 0700 covers
+        them."""
+        assert self._upper is not None
+        # The caller chose this path: following its links is theirs to decide. Below it, the
+        # sandbox's tree is walked without following any.
+        fd = os.open(self._upper, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        safefs.strip_setid(os.path.realpath(self._upper))
 
     def _precreate(self, destinations: list[str], layers: list[Path]) -> None:
         """Create, owned by the sandbox's root, the directories that bwrap would otherwise create
@@ -261,6 +313,7 @@ class Sandbox:
 
     async def _start(self) -> None:
         cfg = self.config
+        _check_total_memory(cfg.limits.total_memory_bytes)
         bwrap = find_bwrap(cfg.bwrap)
         check_userns()
         for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if self.as_root else ()):
@@ -296,6 +349,10 @@ class Sandbox:
                 "--hostname",
                 cfg.hostname,
                 "--die-with-parent",
+                # Held by every bwrap process but the command: the janitor's sign that no bwrap
+                # of ours may still be setting up (see _cleanup).
+                "--sync-fd",
+                str(runtime.lifeline_fd()),
                 "--new-session",
                 "--seccomp",
                 str(seccomp_fd),
@@ -340,7 +397,7 @@ class Sandbox:
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
-                pass_fds=pass_fds,
+                pass_fds=[*pass_fds, runtime.lifeline_fd()],
                 start_new_session=True,
                 umask=0o022,
                 # bwrap's own pid 1 stays visible inside: it must not carry our environment.
@@ -362,8 +419,12 @@ class Sandbox:
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
-        if cfg.limits.upper_bytes is not None:
-            self._tasks.append(asyncio.create_task(self._watch_upper(cfg.limits.upper_bytes)))
+        if cfg.limits.upper_bytes is not None or cfg.limits.upper_inodes is not None:
+            self._tasks.append(
+                asyncio.create_task(
+                    self._watch_upper(cfg.limits.upper_bytes, cfg.limits.upper_inodes)
+                )
+            )
 
     async def _read_info(self, fd: int) -> dict[str, object]:
         loop = asyncio.get_running_loop()
@@ -411,7 +472,8 @@ class Sandbox:
             resource.RLIMIT_NPROC: lim.processes,
             resource.RLIMIT_AS: lim.memory_bytes,
             resource.RLIMIT_NOFILE: lim.open_files,
-            resource.RLIMIT_FSIZE: lim.file_size_bytes,
+            # One file may not outgrow the upper layer's cap between two watchdog scans.
+            resource.RLIMIT_FSIZE: _min_set(lim.file_size_bytes, lim.upper_bytes),
             resource.RLIMIT_CPU: lim.cpu_seconds,
             resource.RLIMIT_CORE: 0,
         }
@@ -423,7 +485,9 @@ class Sandbox:
                 value = min(value, hard)
             resource.prlimit(pid, res, (value, value))
         parent = delegated_parent()
-        if parent is not None:  # whole-sandbox limits on top, where the caller may use cgroups
+        # Whole-sandbox limits on top, where the caller may use cgroups (without one, an explicit
+        # total_memory_bytes was refused before bwrap started).
+        if parent is not None:
             self._cgroup = SandboxCgroup(parent, f"sandbox-{self.id}")
             self._cgroup.create(lim.total_memory_bytes, lim.processes)
             self._cgroup.add(pid)
@@ -464,23 +528,35 @@ class Sandbox:
         text = decode(self._stderr.getvalue()).strip()
         return f": {text[-2000:]}" if text else ""
 
-    async def _watch_upper(self, limit: int) -> None:
-        """Stop the sandbox once its writable layer (and channel dir) outgrows `limit` bytes."""
+    async def _watch_upper(self, max_bytes: int | None, max_inodes: int | None) -> None:
+        """Stop the sandbox once its writable layer (and channel dir) holds more than
+        `max_bytes` bytes of blocks or more than `max_inodes` files and directories.
+
+        Scans run off the event loop, at most `_SCAN_MAX_PAUSE` apart whatever a scan costs (a
+        scan stops early at a cap, so its cost is bounded by the caps too). Between two scans a
+        single file cannot outgrow the byte cap: RLIMIT_FSIZE is at most `max_bytes`."""
         assert self._upper is not None and self._dir is not None
-        trees = [self._upper, self._dir / "io"]
-        interval = 0.5
+        roots = [self._upper, self._dir / "io"]
+        loop = asyncio.get_running_loop()
         while self.running:
             began = time.monotonic()
-            used = sum(_disk_usage(t) for t in trees)
-            if used > limit:
-                self._dead = SandboxLimitError(
-                    f"sandbox {self.id} wrote {used} bytes to its upper layer, over the limit of "
-                    f"{limit}; it was stopped"
+            try:
+                scan = await loop.run_in_executor(
+                    _scan_pool(), _disk_usage, roots, max_bytes, max_inodes
                 )
-                await self._kill()
-                return
-            # Scanning a large upper layer is not free: poll more slowly the longer it takes.
-            await asyncio.sleep(max(interval, 20 * (time.monotonic() - began)))
+            except OSError as e:  # e.g. out of descriptors: try again at the next poll
+                logger.warning("cannot measure the upper layer of sandbox %s: %s", self.id, e)
+            else:
+                if scan.breach is not None:
+                    self._dead = SandboxLimitError(
+                        _breach_message(self.id, scan, max_bytes, max_inodes)
+                    )
+                    await self._kill()
+                    return
+            took = time.monotonic() - began
+            # Scans cost CPU: at most a third of a thread's time, but never more than
+            # _SCAN_MAX_PAUSE apart.
+            await asyncio.sleep(min(_SCAN_MAX_PAUSE, max(_SCAN_MIN_PAUSE, 2 * took)))
 
     async def _kill(self) -> None:
         if self._ns_pid is not None:
@@ -519,6 +595,11 @@ class Sandbox:
         if self._io_fd is not None:
             os.close(self._io_fd)
             self._io_fd = None
+        if self._upper is not None and self.config.upper is not None:
+            try:
+                self._seal_kept_upper(0o700)  # everything in the sandbox is dead by now
+            except OSError as e:
+                logger.warning("could not make the kept upper layer %s private: %s", self._upper, e)
         if self._work is not None and self.config.upper is not None:
             runtime.remove_tree(self._work)
         if self._dir is not None:
@@ -670,6 +751,9 @@ class Sandbox:
             for fd, sink in sinks.items():
                 loop.add_reader(fd, _drain_into, fd, sink)
             env_words = " ".join(_q(f"{k}={v}") for k, v in (env or {}).items())
+            # Inherited by everything the command starts: what its timeout must find. Before the
+            # caller's variables, so that it sits near the start of every environ.
+            mark = secrets.token_hex(8)
             redirect_err = "2>&1" if merge_stderr else f"2>{_q(f'{IO_DIR}/{rid}.e')}"
             started: asyncio.Future[int] = loop.create_future()
             done: asyncio.Future[int] = loop.create_future()
@@ -677,7 +761,8 @@ class Sandbox:
             self._send_control(
                 "{ { cd -- "
                 + _q(cwd or self.config.workdir)
-                + f" || exit 126; exec 9>&-; exec env {RESET_SIGNALS} {env_words} setsid "
+                + f" || exit 126; exec 9>&-; exec env {RESET_SIGNALS} {procs.marker_word(mark)} "
+                + f"{env_words} setsid "
                 + " ".join(_q(a) for a in argv)
                 + "; } <"
                 + _q(stdin_path)
@@ -690,11 +775,7 @@ class Sandbox:
             try:
                 exit_code = await asyncio.wait_for(asyncio.shield(done), timeout)
             except asyncio.TimeoutError:
-                pid = started.result() if started.done() else None
-                if pid:
-                    self._send_control(
-                        f"kill -KILL -- -{pid} 2>/dev/null; pkill -KILL -s {pid} 2>/dev/null"
-                    )
+                await self._kill_command(started, mark)
                 with contextlib.suppress(BaseException):
                     await asyncio.wait_for(done, 5)
                 for fd, sink in sinks.items():
@@ -720,6 +801,26 @@ class Sandbox:
             duration_s=time.monotonic() - began,
         )
 
+    async def _kill_command(self, started: asyncio.Future[int], mark: str) -> None:
+        """SIGKILL everything a timed-out command started: its process group and session, its
+        descendants, and what left both but still carries its marker (see procs.kill_tree for
+        the one gap). Done from the host, which sees the processes that escaped the command's
+        session; the control shell's `kill`/`pkill` is the fallback if the host cannot look."""
+        with contextlib.suppress(BaseException):  # the start is reported at once, if at all
+            await asyncio.wait_for(asyncio.shield(started), 5)
+        ok = started.done() and not started.cancelled() and started.exception() is None
+        pid = started.result() if ok else None
+        assert self._ns_pid is not None
+        try:
+            await asyncio.to_thread(
+                procs.kill_tree, self._ns_pid, ns_pids=[pid] if pid else [], marker=mark
+            )
+        except OSError:
+            if pid and self.running:
+                self._send_control(
+                    f"kill -KILL -- -{pid} 2>/dev/null; pkill -KILL -s {pid} 2>/dev/null"
+                )
+
     # ---------------------------------------------------------------- files
 
     def _inside(self, path: str) -> str:
@@ -727,27 +828,62 @@ class Sandbox:
             raise SandboxFileError(f"path {path!r} contains a NUL byte")
         return os.path.normpath(os.path.join(self.config.workdir, path))
 
-    async def read_file(self, path: str, *, max_bytes: int | None = None) -> bytes:
-        """Bytes of a file inside the sandbox (read by a process inside: host files are out of
-        reach, whatever symlinks or `..` the path holds)."""
+    async def read_file(self, path: str, *, max_bytes: int = READ_MAX_BYTES) -> bytes:
+        """Bytes of a regular file inside the sandbox (read by a process inside: host files are
+        out of reach, whatever symlinks or `..` the path holds).
+
+        Raises:
+            SandboxFileError: the file is missing or unreadable, is not a regular file once
+                symlinks are resolved inside (a directory, a FIFO, a device such as a link to
+                /dev/zero), or holds more than `max_bytes` bytes (never silently truncated).
+        """
+        if not isinstance(max_bytes, int) or isinstance(max_bytes, bool) or max_bytes < 0:
+            raise SandboxFileError(f"read_file: max_bytes must be a byte count, not {max_bytes!r}")
         target = self._inside(path)
-        r = await self._execute_raw(["cat", "--", target], max_output=max_bytes)
-        if r.exit_code != 0:
-            raise SandboxFileError(
-                f"cannot read {target} in the sandbox: {decode(r.stderr).strip()}"
+        # Inside: one stat (following links, without opening: a FIFO would block) says what it
+        # is; only a regular file is read, and by `head -c`, which stops one byte past the cap
+        # even if the file grows or is swapped for something endless after the stat. The cap on
+        # what we collect bounds our memory whatever runs inside.
+        r = await self._execute_raw(
+            ["/bin/sh", "-c", _READ_SCRIPT, "sh", target, str(max_bytes + 1)],
+            max_output=max(max_bytes + 1, 64 * 1024),
+        )
+        if r.exit_code == 0 and not r.truncated and len(r.stdout) <= max_bytes:
+            return r.stdout
+        why = decode(r.stderr).strip()
+        if r.exit_code == 0:
+            why = (
+                f"it holds more than {max_bytes} bytes (the cap of read_file; pass a larger "
+                "max_bytes to read it)"
             )
-        return r.stdout
+        elif r.exit_code == _READ_DIRECTORY:
+            why = "Is a directory"
+        elif r.exit_code == _READ_NOT_REGULAR:
+            kind = why.splitlines()[0][:80] if why else "special file"
+            why = f"it is a {kind}, not a regular file (after resolving symlinks inside)"
+        raise SandboxFileError(f"cannot read {target} in the sandbox: {why}")
 
     async def read_text(
-        self, path: str, *, encoding: str = "utf-8", errors: str = "backslashreplace"
+        self,
+        path: str,
+        *,
+        encoding: str = "utf-8",
+        errors: str = "backslashreplace",
+        max_bytes: int = READ_MAX_BYTES,
     ) -> str:
-        return (await self.read_file(path)).decode(encoding, errors)
+        """`read_file` decoded (same checks and cap)."""
+        return (await self.read_file(path, max_bytes=max_bytes)).decode(encoding, errors)
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         """Create or replace a file inside the sandbox, creating its parent directories."""
         target = self._inside(path)
         payload = data.encode() if isinstance(data, str) else data
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
+        if mode is not None and not 0 <= mode <= 0o1777:
+            raise SandboxFileError(
+                f"cannot write {target} with mode {mode:#o}: set-user-id and set-group-id bits "
+                "are refused in a sandbox (and modes go up to 0o1777)"
+            )
         if mode is not None:
             script += f' && chmod {mode:o} -- "$1"'
         r = await self._execute_raw(["/bin/sh", "-c", script, "sh", target], stdin=payload)
@@ -758,7 +894,8 @@ class Sandbox:
 
     async def upload(self, source: str | os.PathLike[str], target: str) -> None:
         """Copy a host file or directory into the sandbox at `target` (a directory's contents
-        land in `target`). Symlinks in the source are copied as symlinks, never followed."""
+        land in `target`). Symlinks in the source are copied as symlinks, never followed.
+        Set-user-id and set-group-id bits are dropped: a sandbox cannot set them."""
         src = Path(source)
         if not src.exists() and not src.is_symlink():
             raise SandboxFileError(f"upload source {src} does not exist")
@@ -771,10 +908,10 @@ class Sandbox:
             with os.fdopen(fd, "wb") as f, tarfile.open(fileobj=f, mode="w") as tar:
                 if src.is_dir() and not src.is_symlink():
                     for child in sorted(src.iterdir()):
-                        tar.add(child, arcname=child.name)
+                        tar.add(child, arcname=child.name, filter=_without_setid)
                     extract_to = dest
                 else:
-                    tar.add(src, arcname=os.path.basename(dest))
+                    tar.add(src, arcname=os.path.basename(dest), filter=_without_setid)
                     extract_to = os.path.dirname(dest)
             r = await self._execute_raw(
                 [
@@ -846,6 +983,11 @@ def _system_layer(process_dir: Path, owner: tuple[int, int] | None) -> Path:
         return _system_layers[key]
 
 
+def _without_setid(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    info.mode &= ~(stat.S_ISUID | stat.S_ISGID)
+    return info
+
+
 def _drain_into(fd: int, sink: CappedOutput) -> None:
     while True:
         try:
@@ -864,22 +1006,212 @@ def _short(argv: Sequence[str]) -> str:
     return text if len(text) < 200 else text[:200] + "..."
 
 
-def _disk_usage(path: Path) -> int:
-    """Bytes allocated under `path`, not following symlinks; unreadable parts count as 0."""
-    total = 0
-    stack = [str(path)]
-    while stack:
-        current = stack.pop()
+# The upper-layer watchdog: pauses between scans, and how deep it follows directories (one
+# descriptor per level is held while scanning; deeper nesting stops the sandbox, as it would
+# otherwise hide what lies below from the count).
+_SCAN_MIN_PAUSE = 0.25
+_SCAN_MAX_PAUSE = 1.0
+_SCAN_MAX_DEPTH = 256
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@functools.cache
+def _scan_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """Threads of their own for upper-layer scans: a slow scan must not hold up the default
+    executor, which sandbox starts use."""
+    return concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="minisandbox-upper-scan")
+
+
+@dataclasses.dataclass
+class _Usage:
+    bytes: int = 0
+    inodes: int = 0
+    breach: str | None = None  # "bytes", "inodes" or "depth": the scan stopped there
+
+
+class _StopScan(Exception):
+    pass
+
+
+def _disk_usage(
+    roots: Sequence[Path], max_bytes: int | None = None, max_inodes: int | None = None
+) -> _Usage:
+    """Bytes allocated (blocks) and inodes under `roots`, stopping as soon as either passes its
+    cap. Walks by directory descriptors and never follows a symlink; a file with several hard
+    links counts once. A directory that its owner made unreadable (mode 000, the sandbox's
+    own right) is opened after lending its owner rwx for that instant; a vanished one counts
+    as nothing.
+
+    Raises:
+        OSError: a directory could not be opened for another reason (e.g. out of descriptors).
+    """
+    usage = _Usage()
+    linked: set[tuple[int, int]] = set()
+
+    def count(st: os.stat_result) -> None:
+        if st.st_nlink > 1 and not stat.S_ISDIR(st.st_mode):
+            key = (st.st_dev, st.st_ino)
+            if key in linked:
+                return
+            linked.add(key)
+        usage.inodes += 1
+        usage.bytes += st.st_blocks * 512
+        if max_inodes is not None and usage.inodes > max_inodes:
+            usage.breach = "inodes"
+        elif max_bytes is not None and usage.bytes > max_bytes:
+            usage.breach = "bytes"
+        if usage.breach:
+            raise _StopScan
+
+    def visit(fd: int, depth: int) -> None:
+        subdirs = []
+        with os.scandir(fd) as it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                count(st)
+                if stat.S_ISDIR(st.st_mode):
+                    subdirs.append(entry.name)
+        for name in subdirs:
+            child = _open_scan_dir(fd, name)
+            if child < 0:
+                continue
+            try:
+                if depth >= _SCAN_MAX_DEPTH:
+                    usage.breach = "depth"
+                    raise _StopScan
+                visit(child, depth + 1)
+            finally:
+                os.close(child)
+
+    for root in roots:
         try:
-            with os.scandir(current) as it:
-                for entry in it:
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError:
-                        continue
-                    total += st.st_blocks * 512
-                    if stat.S_ISDIR(st.st_mode):
-                        stack.append(entry.path)
+            fd = os.open(root, _DIR_FLAGS)
+        except FileNotFoundError:
+            continue
+        try:
+            visit(fd, 1)
+        except _StopScan:
+            return usage
+        finally:
+            os.close(fd)
+    return usage
+
+
+def _open_scan_dir(parent: int, name: str) -> int:
+    """A descriptor of the directory `name` in `parent`, or -1 if it is gone or was replaced
+    by something else (the next scan sees what it became)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return -1
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return -1
+        if e.errno != errno.EACCES:
+            raise
+    # Unreadable to us, its owner (a root caller is never refused): open it through an O_PATH
+    # descriptor, which cannot be redirected by a symlink, with rwx for the owner, and give it
+    # back its mode at once.
+    try:
+        flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+        path_fd = os.open(name, flags, dir_fd=parent)
+    except OSError:
+        return -1
+    try:
+        mode = stat.S_IMODE(os.fstat(path_fd).st_mode)
+        via = f"/proc/self/fd/{path_fd}"
+        os.chmod(via, mode | stat.S_IRWXU)
+        try:
+            return os.open(via, _DIR_FLAGS)
+        finally:
+            os.chmod(via, mode)
+    except OSError:
+        return -1
+    finally:
+        os.close(path_fd)
+
+
+def _breach_message(
+    sandbox_id: str, usage: _Usage, max_bytes: int | None, max_inodes: int | None
+) -> str:
+    if usage.breach == "inodes":
+        return (
+            f"sandbox {sandbox_id} created more than {max_inodes} files and directories in its "
+            f"upper layer (Limits.upper_inodes={max_inodes}); it was stopped. Raise "
+            "Limits.upper_inodes to allow more"
+        )
+    if usage.breach == "depth":
+        return (
+            f"sandbox {sandbox_id} nested directories more than {_SCAN_MAX_DEPTH} deep in its "
+            "upper layer, deeper than its size watchdog measures; it was stopped"
+        )
+    return (
+        f"sandbox {sandbox_id} wrote more than {max_bytes} bytes to its upper layer "
+        f"(Limits.upper_bytes={max_bytes}); it was stopped. Raise Limits.upper_bytes to allow more"
+    )
+
+
+def _min_set(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+def _check_total_memory(total_memory_bytes: int | None) -> None:
+    """Refuse a whole-sandbox memory cap that nothing would enforce.
+
+    Raises:
+        SandboxConfigError: `total_memory_bytes` is set and no delegated cgroup v2 is usable.
+    """
+    if total_memory_bytes is not None and delegated_parent() is None:
+        raise SandboxConfigError(
+            f"Limits.total_memory_bytes={total_memory_bytes} cannot be enforced: it needs a "
+            f"delegated cgroup v2 with the memory and pids controllers, and uid {os.geteuid()} "
+            "has none here. Unset it (the per-process Limits.memory_bytes still applies), or "
+            "delegate a cgroup v2 directory and name it in MINISANDBOX_CGROUP"
+        )
+
+
+def _proc_start(pid: int) -> str | None:
+    """The start time of process `pid` (clock ticks since boot): with the pid, it names one
+    process; None if there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read(4096)
+        return data[data.rfind(b")") + 2 :].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _work_dir_name(upper: Path, sandbox_id: str) -> str:
+    """The overlay work directory of a kept `upper`, beside it: `.<upper>.work-p<pid>-<start
+    time>-<sandbox id>`, so that a later start can tell whether its owner still runs."""
+    return f".{upper.name}.work-p{os.getpid()}-{_proc_start(os.getpid())}-{sandbox_id}"
+
+
+def _sweep_dead_work_dirs(upper: Path) -> None:
+    """Remove the work directories beside `upper` whose owner process is gone (killed before
+    its janitor could remove them, or the janitor was killed too). Only our own directories,
+    named as `_work_dir_name` names them; a live owner's (same pid and start time) is kept."""
+    prefix = f".{upper.name}.work-p"
+    try:
+        names = [n for n in os.listdir(upper.parent) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid, _, rest = name[len(prefix) :].partition("-")
+        start, _, _sandbox = rest.partition("-")
+        if not pid.isdigit() or not start.isdigit():
+            continue
+        if _proc_start(int(pid)) == start:
+            continue  # its owner still runs
+        path = upper.parent / name
+        try:
+            st = os.lstat(path)
         except OSError:
             continue
-    return total
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+            with contextlib.suppress(OSError):
+                safefs.remove_tree(path)

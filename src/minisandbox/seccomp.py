@@ -15,6 +15,17 @@ Policy (denials return ``EPERM`` unless noted):
   read, so we force glibc's fallback to ``clone`` whose flags we can inspect.
 * ``unshare`` / ``clone`` with any namespace-creating flag.
 * ``ioctl`` with ``TIOCSTI`` / ``TIOCLINUX`` (terminal input injection).
+* Set-user-id and set-group-id bits (``mode & 06000``): ``chmod``, ``fchmod``,
+  ``fchmodat``, ``fchmodat2``, ``mknod``/``mknodat``, and ``creat``/``open``/
+  ``openat`` when they create a file (``O_CREAT`` or ``O_TMPFILE``). A sandbox's
+  files end up on the host (an upper layer, a kept ``upper=DIR``, a published
+  layer), owned by the sandbox's host uid: a set-id file there would let any host
+  user who can reach it run as that uid. Setting the bits on directories is
+  refused too (BPF cannot tell a directory's chmod from a file's); directories
+  still inherit a parent's set-group-id bit, and ``mkdir``'s mode is not checked.
+* ``openat2`` -> ``ENOSYS``: its flags and mode live in a user-memory struct, as
+  ``clone3``'s do. glibc's ``open``/``openat`` never use it; the programs that
+  call it directly fall back to ``openat`` on ``ENOSYS`` (kernels before 5.6).
 * Everything else is allowed.
 """
 
@@ -61,7 +72,8 @@ DENIED_SYSCALLS: tuple[str, ...] = (
 # (asm/unistd_64.h for x86_64, asm-generic/unistd.h for aarch64).
 # open_tree_attr (467 on both) is newer (Linux 6.15) than some headers but the
 # number is reserved uniformly across arches, so it is listed anyway.
-# Missing on aarch64 (skipped there): uselib, iopl, ioperm.
+# Missing on aarch64 (skipped there): uselib, iopl, ioperm, and the legacy
+# open, creat, chmod and mknod (libc uses the *at forms there).
 # fmt: off
 _X86_64: dict[str, int] = {
     "ioctl": 16, "clone": 56, "ptrace": 101, "syslog": 103, "uselib": 134,
@@ -77,6 +89,8 @@ _X86_64: dict[str, int] = {
     "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431,
     "fsmount": 432, "fspick": 433, "clone3": 435, "mount_setattr": 442,
     "quotactl_fd": 443, "open_tree_attr": 467,
+    "open": 2, "creat": 85, "chmod": 90, "fchmod": 91, "mknod": 133, "openat": 257,
+    "mknodat": 259, "fchmodat": 268, "openat2": 437, "fchmodat2": 452,
 }
 _AARCH64: dict[str, int] = {
     "lookup_dcookie": 18, "ioctl": 29, "umount2": 39, "mount": 40, "pivot_root": 41,
@@ -91,6 +105,8 @@ _AARCH64: dict[str, int] = {
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
     "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
+    "mknodat": 33, "fchmod": 52, "fchmodat": 53, "openat": 56, "openat2": 437,
+    "fchmodat2": 452,
 }
 # fmt: on
 
@@ -138,6 +154,21 @@ _CLONE_NS_MASK = (
     | 0x40000000  # CLONE_NEWNET
 )
 _UNSHARE_NS_MASK = _CLONE_NS_MASK | _CLONE_NEWTIME
+
+# Set-user-id | set-group-id. mode_t is truncated to 16 bits by the kernel, so the low
+# 32 bits of the argument are all that count.
+_SETID_BITS = 0o6000
+# open flags that make it create a file: O_CREAT, and __O_TMPFILE (the bit O_TMPFILE adds to
+# O_DIRECTORY; the kernel refuses it without O_DIRECTORY). Same values on x86_64 and aarch64.
+_CREATE_FLAGS = 0o100 | 0o20000000
+
+# Syscalls taking a mode, -> the index of their mode argument (checked for set-id bits).
+_MODE_ARG = {
+    "chmod": 1, "fchmod": 1, "fchmodat": 2, "fchmodat2": 2,
+    "creat": 1, "mknod": 1, "mknodat": 2,
+}  # fmt: skip
+# Syscalls that create a file only with a creating flag -> (flags argument, mode argument).
+_OPEN_ARGS = {"open": (1, 2), "openat": (2, 3)}
 
 _TIOCSTI = 0x5412
 _TIOCLINUX = 0x541C
@@ -215,6 +246,13 @@ def build_filter(arch: str | None = None) -> bytes:
     a.jump(_JEQ_K, table["unshare"], jt="unshare")
     a.jump(_JEQ_K, table["clone"], jt="clone")
     a.jump(_JEQ_K, table["ioctl"], jt="ioctl")
+    a.jump(_JEQ_K, table["openat2"], jt="enosys")
+    for name, (flags_arg, _mode_arg) in _OPEN_ARGS.items():
+        if name in table:
+            a.jump(_JEQ_K, table[name], jt=f"open{flags_arg}")
+    for name, mode_arg in _MODE_ARG.items():
+        if name in table:
+            a.jump(_JEQ_K, table[name], jt=f"mode{mode_arg}")
     for name in DENIED_SYSCALLS:
         if name in table:
             a.jump(_JEQ_K, table[name], jt="eperm")
@@ -234,7 +272,18 @@ def build_filter(arch: str | None = None) -> bytes:
     a.label("ioctl")
     a.load(_arg_lo(1))
     a.jump(_JEQ_K, _TIOCSTI, jt="eperm")
-    a.jump(_JEQ_K, _TIOCLINUX, jt="eperm")
+    a.jump(_JEQ_K, _TIOCLINUX, jt="eperm", jf="allow")
+
+    # open/openat: the mode matters only when the call creates a file (otherwise it is
+    # ignored, and may hold anything).
+    for flags_arg, mode_arg in sorted(set(_OPEN_ARGS.values())):
+        a.label(f"open{flags_arg}")
+        a.load(_arg_lo(flags_arg))
+        a.jump(_JSET_K, _CREATE_FLAGS, jt=f"mode{mode_arg}", jf="allow")
+    for mode_arg in sorted({*_MODE_ARG.values(), *(m for _f, m in _OPEN_ARGS.values())}):
+        a.label(f"mode{mode_arg}")
+        a.load(_arg_lo(mode_arg))
+        a.jump(_JSET_K, _SETID_BITS, jt="eperm", jf="allow")
 
     a.label("allow")
     a.ret(_RET_ALLOW)

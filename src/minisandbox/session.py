@@ -7,6 +7,11 @@ and programs that want a tty (a Python REPL) behave as they do for a person.
 Each command is written to a file in the sandbox's channel directory and sourced, so multi-line
 commands and heredocs need no escaping and arrive in one piece (a tty line is at most 4 KiB).
 The end of a command is its prompt: PS1 carries a random marker and `$?`.
+
+A shell that ignores Ctrl-C while it loops in itself (`trap '' INT; while :; do :; done`) cannot
+be interrupted: `interrupt()` then kills the shell with everything it started (found from the
+host, see procs.kill_tree) and starts a new one under the same name and environment, and says
+so (`SessionResult.restarted`, and a note in the output): the shell's state is lost.
 """
 
 from __future__ import annotations
@@ -22,12 +27,12 @@ import signal
 import stat
 import struct
 import termios
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
+from . import procs
 from .errors import CommandTimeoutError, SessionError
 from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
 from .rootfs import IO_DIR, RESET_SIGNALS
@@ -54,6 +59,18 @@ class SessionResult(BaseModel):
     exit_code: int | None  # None when the command ended at an `expect` pattern, not a prompt
     truncated: bool = False
     match: str | None = None
+    # interrupt() had to kill the shell and start a new one: cwd, variables, functions, aliases
+    # and background jobs of the old shell are gone.
+    restarted: bool = False
+
+
+# The exit code an interrupt reports when it had to kill and restart the shell (128 + SIGKILL).
+RESTARTED_EXIT_CODE = 128 + signal.SIGKILL
+RESTART_NOTE = (
+    "\n[minisandbox: the shell did not return to its prompt after Ctrl-C and after its "
+    "foreground job was killed; it was killed with everything it started and restarted. "
+    "Its state is lost: working directory, variables, functions, aliases, background jobs.]\n"
+)
 
 
 class ShellSession:
@@ -89,17 +106,19 @@ class ShellSession:
         self._data = asyncio.Event()
         self._eof = False
         self._busy = False
-        self._shell_pgid: int | None = None
+        self._shell_pgid: int | None = None  # host pid of the shell: its group and session
+        self._mark = ""  # marks (in the environment) everything the current shell starts
         self._seq = 0
 
     # ---------------------------------------------------------------- setup
 
     async def _start(self) -> None:
         rows, cols = self._size
+        self._mark = secrets.token_hex(8)
         term = await open_terminal(
             self.sandbox,
             ["/bin/bash", "--noprofile", "--norc", "--noediting", "-i"],
-            env=self._env,
+            env=self._shell_env(),
             rows=rows,
             columns=cols,
             echo=False,
@@ -111,12 +130,18 @@ class ShellSession:
             f"{PROMPT_HOOK}() {{ __msb_rc=$?; PS1='__MSB{self._nonce}_${{__msb_rc}}__'; }}; "
             f"PROMPT_COMMAND={PROMPT_HOOK}; PS2=''; PS0=''; unset HISTFILE; set +o history\n"
         )
-        self._write(init.encode())
         try:
+            await self._write(init.encode(), 30)
             await self._wait(None, 30, discard=True)
         finally:
             term.release_peer()
         self._shell_pgid = self._foreground_pgid()
+
+    def _shell_env(self) -> dict[str, str]:
+        # The marker first: it then sits near the start of every environ the shell passes on.
+        env = {procs.MARKER_VAR: self._mark}
+        env.update((k, v) for k, v in self._env.items() if k != procs.MARKER_VAR)
+        return env
 
     # ---------------------------------------------------------------- io
 
@@ -138,17 +163,42 @@ class ShellSession:
                 del self._scan[: len(self._scan) - (1 << 16)]
         self._data.set()
 
-    def _write(self, data: bytes) -> None:
-        if self._master is None or self._eof:
-            raise SessionError(f"session {self.name!r} has exited")
+    async def _write(self, data: bytes, timeout: float) -> None:
+        """Type `data` into the terminal. When its input queue is full, wait (without holding up
+        the event loop) for the program to read, at most `timeout` seconds.
+
+        Raises:
+            SessionError: the shell has exited.
+            CommandTimeoutError: the program did not read its input in time.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         view = memoryview(data)
         while view:
+            master = self._master
+            if master is None or self._eof:
+                raise SessionError(f"session {self.name!r} has exited")
             try:
-                n = os.write(self._master, view)
-            except BlockingIOError:  # the terminal's input queue is full: let the program read
-                time.sleep(0.001)
+                view = view[os.write(master, view) :]
                 continue
-            view = view[n:]
+            except BlockingIOError:
+                pass
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise CommandTimeoutError(
+                    f"session {self.name!r}: the terminal's input was not read within "
+                    f"{timeout} s ({len(view)} of {len(data)} bytes not typed)",
+                    output=decode(self._buf.getvalue()),
+                )
+            writable = loop.create_future()
+            loop.add_writer(master, lambda f=writable: f.done() or f.set_result(None))
+            try:
+                # Bounded: should a wakeup be missed, we simply try the write again.
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(writable, min(remaining, 0.05))
+            finally:
+                if self._master == master:
+                    loop.remove_writer(master)
 
     def _take(self, end: int) -> tuple[bytes, bool]:
         """Everything read so far, up to `end` bytes before the end of the scan window."""
@@ -228,12 +278,16 @@ class ShellSession:
             )
         if "\0" in command:
             raise ValueError("commands cannot contain NUL bytes")
+        timeout = self.sandbox.config.limits.command_timeout if timeout is None else timeout
         self._seq += 1
         name = f"s{self.sandbox.id}-{self.name}-{self._seq}.sh".replace("/", "_")
         self.sandbox._write_channel_file(name, command.encode())
         try:
-            self._write(f". {IO_DIR}/{name}\n".encode() + (input or "").encode())
-            return await self._finish(expect, timeout)
+            self._busy = True
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            await self._write(f". {IO_DIR}/{name}\n".encode() + (input or "").encode(), timeout)
+            return await self._finish(expect, max(0.0, timeout - (loop.time() - began)))
         finally:
             self.sandbox._unlink_channel(name)
 
@@ -243,11 +297,14 @@ class ShellSession:
         """Type `text` into the session's terminal (e.g. a line for a REPL), then wait for a
         pattern in `expect`, or for the shell's prompt when `expect` is empty."""
         self.sandbox._require_running()
-        self._write(text.encode())
-        return await self._finish(expect, timeout)
-
-    async def _finish(self, expect: Sequence[str] | None, timeout: float | None) -> SessionResult:
         timeout = self.sandbox.config.limits.command_timeout if timeout is None else timeout
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        self._busy = True
+        await self._write(text.encode(), timeout)
+        return await self._finish(expect, max(0.0, timeout - (loop.time() - began)))
+
+    async def _finish(self, expect: Sequence[str] | None, timeout: float) -> SessionResult:
         self._busy = True
         result = await self._wait(expect, timeout)
         # Still inside an interactive program when we stopped at an expect pattern.
@@ -264,31 +321,76 @@ class ShellSession:
         return pgid
 
     async def interrupt(self, timeout: float = 2.0) -> SessionResult:
-        """Stop what the session is running: Ctrl-C, then SIGKILL to the foreground job.
-        The session is usable again afterwards. Returns what was printed meanwhile."""
-        self._write(b"\x03")
-        try:
-            result = await self._wait(None, timeout)
-        except CommandTimeoutError:
-            pgid = self._foreground_pgid()
-            if pgid and pgid != self._shell_pgid:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-            result = await self._wait(None, timeout)
+        """Stop what the session is running, each step given `timeout` seconds to bring the
+        prompt back: Ctrl-C; then SIGKILL to the foreground job and everything it started;
+        then, if the shell itself still does not return (it ignores SIGINT and loops), kill the
+        shell with everything it started and start a new one with the same name and
+        environment (`restarted` is set, the output ends with RESTART_NOTE).
+
+        The session is usable again afterwards. Returns what was printed meanwhile.
+
+        Raises:
+            SessionError: the shell exited, or a new one could not be started.
+        """
+        # A full input queue (a program that reads nothing) cannot take the Ctrl-C: go on.
+        with contextlib.suppress(CommandTimeoutError):
+            await self._write(b"\x03", min(timeout, 1.0))
+        with contextlib.suppress(CommandTimeoutError):
+            return self._idle(await self._wait(None, timeout))
+        pgid = self._foreground_pgid()
+        init = self.sandbox.pid
+        if pgid and pgid != self._shell_pgid and init is not None:
+            # The job's group, and what its processes started, also in other groups/sessions.
+            await asyncio.to_thread(procs.kill_tree, init, groups=[pgid])
+        with contextlib.suppress(CommandTimeoutError):
+            return self._idle(await self._wait(None, timeout))
+        return await self._restart()
+
+    def _idle(self, result: SessionResult) -> SessionResult:
         self._busy = False
         return result
+
+    async def _restart(self) -> SessionResult:
+        """Kill the shell and everything it started; start a new shell in its place."""
+        self.sandbox._require_running()
+        printed, truncated = self._buf.getvalue(), self._buf.truncated
+        shell, init = self._shell_pgid, self.sandbox.pid
+        assert init is not None
+        leaders = [shell] if shell else []
+        await asyncio.to_thread(
+            procs.kill_tree, init, pids=leaders, groups=leaders, marker=self._mark
+        )
+        self._detach()
+        self._buf = CappedOutput(self._max_output)
+        self._scan = bytearray()
+        self._eof = False
+        self._shell_pgid = None
+        await self._start()
+        self._busy = False
+        return SessionResult(
+            output=decode(printed) + RESTART_NOTE,
+            exit_code=RESTARTED_EXIT_CODE,
+            truncated=truncated,
+            restarted=True,
+        )
 
     @property
     def busy(self) -> bool:
         return self._busy
 
     def _close(self) -> None:
+        if self._master is not None and self._shell_pgid and not self._eof:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._shell_pgid, signal.SIGKILL)
+        self._detach()
+
+    def _detach(self) -> None:
+        """Stop reading the terminal and close our end of it."""
         if self._master is not None:
             with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(self._master)
-            if self._shell_pgid and not self._eof:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(self._shell_pgid, signal.SIGKILL)
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(self._master)
+                loop.remove_writer(self._master)
             os.close(self._master)
             self._master = None
         self._eof = True

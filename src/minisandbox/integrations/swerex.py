@@ -116,6 +116,8 @@ class _Session:
     def __init__(self, shell: ShellSession) -> None:
         self.shell = shell
         self.lock = asyncio.Lock()
+        # The request's startup files, sourced again when an interrupt restarts the shell.
+        self.startup: tuple[str, float] | None = None
 
 
 class MiniSandboxRuntime(AbstractRuntime):
@@ -155,6 +157,7 @@ class MiniSandboxRuntime(AbstractRuntime):
             command += f"; PROMPT_COMMAND={PROMPT_HOOK}"
             # A slow .bashrc gets at least a few seconds: the sandbox may start cold.
             timeout = max(request.startup_timeout, 5.0)
+            self._sessions[request.session].startup = (command, timeout)
             try:
                 r = await shell.run(command, timeout=timeout)
             except errors.CommandTimeoutError as e:
@@ -177,7 +180,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         session = self._session(action.session)
         async with session.lock:
             if isinstance(action, BashInterruptAction):
-                return await self._interrupt(session.shell, action)
+                return await self._interrupt(session, action)
             if action.is_interactive_command or action.is_interactive_quit:
                 return await self._run_interactive(session.shell, action)
             r = await self._run_normal(session.shell, action)
@@ -234,7 +237,11 @@ class MiniSandboxRuntime(AbstractRuntime):
             output=output, exit_code=0, expect_string=self._expect_string(action.expect, r.match)
         )
 
-    async def _interrupt(self, shell: ShellSession, action: BashInterruptAction) -> BashObservation:
+    async def _interrupt(self, session: _Session, action: BashInterruptAction) -> BashObservation:
+        """swerex's interrupt. Where swerex would give up ("Failed to interrupt session": a shell
+        that ignores Ctrl-C in itself), ours kills and restarts the shell instead, and the
+        observation's output ends with the notice that the shell's state was lost."""
+        shell = session.shell
         timeout = max(action.timeout * max(action.n_retry, 1), 1.0)
         try:
             if action.expect:
@@ -242,6 +249,10 @@ class MiniSandboxRuntime(AbstractRuntime):
                 r = await shell.send("\x03", expect=action.expect, timeout=timeout)
             else:
                 r = await shell.interrupt(timeout=timeout)
+            if r.restarted and session.startup is not None:
+                # A fresh shell, as create_session left it: the startup files again.
+                command, startup_timeout = session.startup
+                await shell.run(command, timeout=startup_timeout)
         except (errors.CommandTimeoutError, errors.SessionError) as e:
             raise CommandTimeoutError(f"Failed to interrupt session: {e}") from e
         return BashObservation(
