@@ -174,3 +174,20 @@ def test_shell_in_a_task_environment(settings, built) -> None:  # type: ignore[n
     assert r.returncode == 0, r.stderr
     # One commit of history (the base), and the task's package importable from its venv.
     assert b"1\r\nsemverkit\r\n" in r.stdout
+
+
+def test_os_errors_are_one_line_naming_the_path(tmp_path: Path) -> None:
+    """A place the CLI cannot write to (here: in /sys, refused to root too) ends it with one
+    line naming the path and the setting to change, exit 2, no traceback."""
+    target = "/sys/kernel/minisandbox-cannot-write-here"
+    r = run_cli("eval", "examples", "-p", "gold", "--report", target)
+    err = r.stderr.decode()
+    lines = [line for line in err.splitlines() if line.startswith("minisandbox: ")]
+    assert r.returncode == 2 and "Traceback" not in err, err
+    assert len(lines) == 1 and target in lines[0] and "--report" in lines[0], err
+    assert not os.path.exists(target)
+
+
+def test_eval_refuses_a_run_id_that_is_a_path(tmp_path: Path) -> None:
+    r = run_cli("eval", "examples", "-p", "gold", "--run-id", "../escape")
+    assert r.returncode == 2 and b"--run-id" in r.stderr and b"'/'" in r.stderr, r.stderr

@@ -3,10 +3,13 @@ real builds, real sandboxes, and the reports checked against swebench's own run 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -222,3 +225,162 @@ def test_build_validate_and_require_validated(settings, built, tmp_path: Path, m
             pass
 
     asyncio.run(go())
+
+
+# ------------------------------------------------------------------ a full disk (issue 9, 6b)
+
+IS_ROOT = os.geteuid() == 0
+UID = 4242
+
+
+@pytest.fixture(scope="module")
+def uid_runner() -> Iterator[Any]:
+    """A venv uid 4242 can run the CLI from (built once for this module, when needed)."""
+    from attack_harness import RunnerUnavailable, UidRunner
+
+    runner: list[Any] = []
+    failure: list[str] = []
+
+    def get() -> Any:
+        if not runner and not failure:
+            try:
+                runner.append(UidRunner(Path(__file__).resolve().parent.parent, UID))
+            except RunnerUnavailable as e:
+                failure.append(str(e))
+        if failure:
+            pytest.skip(f"cannot run the CLI as uid {UID}: {failure[0]}")
+        return runner[0]
+
+    yield get
+    for r in runner:
+        r.close()
+
+
+@contextlib.contextmanager
+def _tmpfs(size: str, uid: int) -> Iterator[Path]:
+    """A small filesystem of its own (root only), owned by `uid`."""
+    path = Path(tempfile.mkdtemp(prefix="msb-enospc-"))
+    os.chmod(path, 0o755)
+    opts = f"size={size},mode=0755,uid={uid},gid={uid}"
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(path)], capture_output=True, text=True
+    )
+    if r.returncode:
+        path.rmdir()
+        pytest.skip(f"cannot mount a tmpfs: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)
+        path.rmdir()
+
+
+def _fill(fs: Path, leave: int, uid: int) -> None:
+    """Fill `fs` but `leave` bytes."""
+    st = os.statvfs(fs)
+    filler = fs / "filler"
+    filler.write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+    os.chown(filler, uid, uid)
+
+
+def _copy_tree(src: Path, dst: Path, uid: int) -> None:
+    subprocess.run(["cp", "-a", str(src), str(dst)], check=True)
+    if uid != 0:
+        subprocess.run(["chown", "-R", f"{uid}:{uid}", str(dst)], check=True)
+
+
+def _eval_as(
+    caller: str, runner: Any, env: dict[str, str], report: Path, cwd: Path, jobs: int
+) -> Any:
+    """`eval examples -p gold` as `caller`, with a deadline: a hang fails the test."""
+    args = ["eval", "examples", "-p", "gold", "-j", str(jobs), "--report", str(report)]
+    if caller == "root":
+        argv, full_env = [*CLI, *args], {**os.environ, **env}
+    else:
+        argv = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--clear-groups", "--"]
+        argv += [runner.python, "-m", "minisandbox.cli", *args]
+        full_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(runner.home)}
+        full_env.update(env)
+    try:
+        return subprocess.run(
+            argv, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300, check=False
+        )
+    except subprocess.TimeoutExpired as e:
+        stderr = e.stderr if isinstance(e.stderr, str) else repr(e.stderr)
+        raise AssertionError(f"eval on a full disk did not end within 300 s: {stderr}") from None
+
+
+def _one_clear_line(r: Any, path: Path) -> str:
+    assert r.returncode == 2, f"exit {r.returncode}: {r.stderr[-3000:]}"
+    assert "Traceback" not in r.stderr and "exception" not in r.stderr.lower(), r.stderr[-3000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("minisandbox: ")]
+    assert len(lines) == 1, r.stderr[-3000:]
+    assert "No space left on device" in lines[0] and str(path) in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
+@pytest.mark.parametrize("caller", ["root", "unprivileged"])
+def test_eval_on_a_full_report_disk(settings, built, caller: str, uid_runner) -> None:  # type: ignore[no-untyped-def]
+    """The reports' disk fills up after the first instance: one line naming the file and the
+    fix, exit 2, the finished instance's report whole on disk, nothing half-written, no
+    summary (it would describe a run that did not finish), and the CLI ends."""
+    uid = 0 if caller == "root" else UID
+    runner = None if caller == "root" else uid_runner()
+    env = _env(settings)
+    work = Path(tempfile.mkdtemp(prefix="msb-enospc-work-"))
+    try:
+        os.chmod(work, 0o755)
+        if caller != "root":  # the uid's own copy of the built layers
+            os.chown(work, uid, uid)  # the store's folder: its build locks live there
+            _copy_tree(settings.store, work / "store", uid)
+            _copy_tree(settings.cache, work / "cache", uid)
+            _copy_tree(settings.git_mirror, work / "mirror", uid)
+            env["MINISANDBOX_GIT_MIRROR"] = str(work / "mirror")
+            env.update(MINISANDBOX_STORE=str(work / "store"), MINISANDBOX_CACHE=str(work / "cache"))
+        with _tmpfs("1m", uid) as fs:
+            _fill(fs, 24 << 10, uid)  # room for one instance's report (~20 KiB of pages)
+            report = fs / "report"
+            r = _eval_as(caller, runner, env, report, work, jobs=1)  # one finishes first
+            line = _one_clear_line(r, report)
+            assert "--report" in line, line
+            reports = sorted(report.glob("gold/*/report.json"))
+            assert 1 <= len(reports) < len(EXAMPLES), (reports, r.stderr[-2000:])
+            for path in reports:  # complete: everything else is written before report.json
+                iid = path.parent.name
+                _check_instance_report(path.parent, iid, resolved=True)
+                assert (path.parent / "run_instance.log").is_file()
+                assert (path.parent / "patch.diff").read_text() == GOLD[iid]
+            assert not list(report.glob("**/.*.tmp")), "temporary files left behind"
+            assert not list(report.glob("*.json")), "a run summary of an unfinished run"
+    finally:
+        from minisandbox.runtime import remove_tree
+
+        remove_tree(work)
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
+@pytest.mark.parametrize("caller", ["root", "unprivileged"])
+def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner) -> None:  # type: ignore[no-untyped-def]
+    """The store and node cache on a disk too small to unpack the layers: evaluations fail
+    mid-start, in parallel; one line, exit 2, and the CLI ends (no hang, no tracebacks of the
+    tasks left behind)."""
+    uid = 0 if caller == "root" else UID
+    runner = None if caller == "root" else uid_runner()
+    work = Path(tempfile.mkdtemp(prefix="msb-enospc-work-"))
+    try:
+        os.chmod(work, 0o755)
+        if uid:
+            os.chown(work, uid, uid)
+        with _tmpfs("40m", uid) as fs:
+            _copy_tree(settings.store, fs / "store", uid)  # ~16 MB; the layers need ~90 unpacked
+            env = _env(settings)
+            env.update(MINISANDBOX_STORE=str(fs / "store"), MINISANDBOX_CACHE=str(fs / "cache"))
+            report = work / "report"
+            r = _eval_as(caller, runner, env, report, work, jobs=3)
+            _one_clear_line(r, fs)
+            assert not list(report.glob("*.json")), "a run summary of an unfinished run"
+    finally:
+        from minisandbox.runtime import remove_tree
+
+        remove_tree(work)

@@ -21,7 +21,7 @@ from minisandbox.loaders import (
     load_tasks,
     parse_eval_script,
 )
-from minisandbox.specs import EnvRecipe, Task, files_in_patch
+from minisandbox.specs import EnvRecipe, Task, files_in_patch, path_name_problem, task_id_problem
 
 yaml = pytest.importorskip("yaml")
 
@@ -663,3 +663,63 @@ git checkout abc1234 tests/test_x.py
     assert parts.test_cmd == "LC_ALL=C python -m pytest -rA tests/test_x.py"
     assert parts.env == {"LANG": "en_US.UTF-8"}
     assert parts.install == ["python -m pip install -e ."]
+
+
+# ------------------------------------------------------------------------------ names as paths
+
+
+def test_path_names() -> None:
+    for good in ("a", "examples__datekit-1", "org__model v2", "é", "a" * 200):
+        assert path_name_problem(good) is None, good
+    for bad, why in {
+        "": "empty",
+        ".": "'.'",
+        "..": "'..'",
+        "a/b": "'/'",
+        "a\n": "control character",
+        "a\x00b": "control character",
+        "a\x1bb": "control character",
+        "a\u2028b": "control character",  # a line break to str.splitlines
+        "a" * 201: "longer than 200 bytes",
+    }.items():
+        problem = path_name_problem(bad)
+        assert problem is not None and why in problem, (bad, problem)
+    assert task_id_problem("psf__requests-2317") is None
+    for bad in ("x\n", "../x", ".x", "-x", "a b", ""):
+        assert task_id_problem(bad) is not None, bad
+
+
+def test_names_with_a_trailing_newline_are_refused() -> None:
+    """`$` in a regex matches before a final newline: every name check is a full match."""
+    base = {
+        "id": "a",
+        "repo": "o/r",
+        "base_commit": "abcdef0",
+        "env": {"python": "3.9"},
+        "test_cmd": "t",
+    }
+    Task.model_validate(base)
+    for field, value in {"id": "a\n", "repo": "o/r\n"}.items():
+        with pytest.raises(ValueError, match=field):
+            Task.model_validate({**base, field: value})
+    with pytest.raises(ValueError, match="environment variable"):
+        EnvRecipe(python="3.9", env={"X\n": "1"})
+
+
+def test_record_paths_stay_in_the_dataset_unless_allowed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.yml"
+    outside.write_text("dependencies:\n  - python=3.8.1=h1\n")
+    data = tmp_path / "data"
+    data.mkdir()
+    row = {
+        "instance_id": "o__r.abcdef0.x__1",
+        "repo": "o__r.abcdef0",
+        "patch": "diff --git a/x b/x\n",
+        "FAIL_TO_PASS": [],
+        "environment": str(outside),
+    }
+    path = _write_jsonl(data / "d.jsonl", [row])
+    with pytest.raises(TaskFormatError, match=r"record 0 .*field 'environment'.*--allow-abs"):
+        load_tasks(path)
+    (task,) = load_tasks(path, allow_absolute_paths=True)
+    assert task.env.python == "3.8.1"

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
 import signal
 import sys
+import threading
 import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
@@ -67,6 +71,7 @@ def _config(
 ) -> SandboxConfig:
     from .config import SandboxConfig
 
+    _place("upper", upper, "--upper")
     try:
         return SandboxConfig(
             layers=layer or [], upper=upper, network=network, ro_paths=ro or [], workdir=workdir
@@ -76,8 +81,179 @@ def _config(
 
 
 def _fail(message: str) -> None:
+    """Every error ends here: one line on stderr, exit status 2."""
     typer.secho(f"minisandbox: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+# ---------------------------------------------------------------- disk full and friends
+
+# Where the CLI writes, and the setting that moves each place: filled in by the commands, so
+# that an OSError is explained by the place it hit.
+_PLACES: dict[str, tuple[Path, str]] = {}
+
+_FIXES = {
+    errno.ENOSPC: "free space on its filesystem, or point {knob} elsewhere",
+    errno.EDQUOT: "free space within your quota there, or point {knob} elsewhere",
+    errno.EROFS: "it is on a read-only filesystem: point {knob} elsewhere",
+    errno.EACCES: "uid {uid} may not write there: fix its permissions, or point {knob} elsewhere",
+    errno.EPERM: "uid {uid} may not write there: fix its permissions, or point {knob} elsewhere",
+}
+
+
+def _place(name: str, path: Path | None, knob: str) -> None:
+    if path is not None:
+        _PLACES[name] = (Path(os.path.abspath(path)), knob)
+
+
+def _default_places() -> None:
+    """The places every command may write to (the sandboxes' runtime directory)."""
+    from .runtime import runtime_root
+
+    _place("runtime", runtime_root(), "MINISANDBOX_RUNTIME (or TMPDIR)")
+
+
+def _filesystem(path: Path) -> tuple[int, int] | None:
+    """(device, bytes free) of the filesystem holding `path` or its nearest existing parent."""
+    for candidate in (path, *path.parents):
+        try:
+            st = os.statvfs(candidate)
+            dev = os.stat(candidate).st_dev
+        except OSError:
+            continue
+        return dev, st.f_bavail * st.f_frsize
+    return None
+
+
+def _fullest(places: list[tuple[Path, str]]) -> tuple[list[tuple[Path, str]], int] | None:
+    """The places on the filesystem with the least room left, and that room."""
+    by_dev: dict[int, tuple[list[tuple[Path, str]], int]] = {}
+    for root, knob in places:
+        fs = _filesystem(root)
+        if fs is not None:
+            by_dev.setdefault(fs[0], ([], fs[1]))[0].append((root, knob))
+    return min(by_dev.values(), key=lambda group: group[1]) if by_dev else None
+
+
+def _explain_os_error(e: OSError) -> str:
+    """One line for an OSError: the path it hit and what to do about it.
+
+    A failed write() names no file: then the first error of its chain that does is used, or for
+    ENOSPC the places on the fullest filesystem, or else every place the command writes to."""
+    name = None
+    seen: BaseException | None = e
+    for _ in range(16):  # a clean-up's error hides the first one in its context: look there too
+        if seen is None:
+            break
+        if (
+            isinstance(seen, OSError)
+            and seen.errno == e.errno
+            and isinstance(seen.filename, (str, bytes, os.PathLike))
+        ):
+            name = seen.filename
+            break
+        seen = seen.__cause__ or seen.__context__
+    path = Path(os.path.abspath(os.fsdecode(name))) if name is not None else None
+    # The deepest place first: the node cache may live inside the store's folder.
+    places = sorted(_PLACES.values(), key=lambda p: len(p[0].parts), reverse=True)
+    knob = " / ".join(dict.fromkeys(k for _, k in places)) or "it"
+    if path is not None:
+        knob = next((k for root, k in places if path == root or root in path.parents), knob)
+    what = e.strerror or str(e)
+    where = f"{path}: " if path is not None else ""
+    if path is None and places:
+        where = f"writing under one of {', '.join(str(p) for p, _ in places)}: "
+        fullest = _fullest(places) if e.errno == errno.ENOSPC else None
+        if fullest is not None:  # the write named no file: the likeliest culprit
+            group, free = fullest
+            knob = " / ".join(dict.fromkeys(k for _, k in group))
+            where = f"{', '.join(str(p) for p, _ in group)}: "
+            what += f" (the fullest filesystem this command writes to; {free >> 20} MiB free now)"
+    fix = _FIXES.get(e.errno or 0, "")
+    line = f"{where}{what}"
+    if fix:
+        line += "; " + fix.format(knob=knob, uid=os.geteuid())
+    return line.replace("\n", " ")
+
+
+T = TypeVar("T")
+_DRAIN_GRACE = 120.0  # seconds left to what a command's main coroutine leaves running
+
+
+class _DaemonThreads(concurrent.futures.ThreadPoolExecutor):  # asyncio accepts only these
+    """The CLI's default executor: each blocking call in a daemon thread of its own. asyncio.run
+    (and the interpreter's exit) joins the threads of the standard executor without a timeout:
+    one thread blocked for good (a read of a pipe whose writer never writes, a flock) made the
+    CLI hang after an error instead of exiting. A call also never waits in a queue behind others,
+    where the descriptor it was given could be closed (and its number reused) before it runs."""
+
+    def submit(  # type: ignore[override]
+        self, fn: Callable[..., T], /, *args: Any, **kwargs: Any
+    ) -> concurrent.futures.Future[T]:
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:
+                future.set_exception(e)
+
+        threading.Thread(target=run, name="minisandbox-call", daemon=True).start()
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        pass  # nothing pooled; a thread still blocked is a daemon and does not hold the exit
+
+
+def _run(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run for the commands, made to end. What `main` leaves running (a shielded layer
+    unpack goes on when its caller is cancelled) is awaited, its errors retrieved (not printed
+    as tracebacks at shutdown), and cancelled after a grace period; threads are not joined."""
+
+    async def body() -> T:
+        asyncio.get_running_loop().set_default_executor(_DaemonThreads())
+        try:
+            return await main
+        finally:
+            await _drain(asyncio.current_task())
+
+    return asyncio.run(body())
+
+
+async def _drain(me: asyncio.Task[Any] | None) -> None:
+    rest = [t for t in asyncio.all_tasks() if t is not me]
+    if not rest:
+        return
+    _done, pending = await asyncio.wait(rest, timeout=_DRAIN_GRACE)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=_DRAIN_GRACE)
+    for t in rest:
+        if t.done() and not t.cancelled():
+            t.exception()  # retrieved: the command reports the error that ended it
+
+
+async def _all_or_none(coros: Iterable[Awaitable[T]]) -> list[T]:
+    """Like gather, but the first exception (or our cancellation) cancels and awaits all the
+    others before it is raised: no task is left running (holding a sandbox, a build lock or a
+    thread) for asyncio.run to wait on after an error."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    first: BaseException | None = None
+    try:
+        if tasks:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            failed = [t for t in tasks if t in done and not t.cancelled() and t.exception()]
+            first = failed[0].exception() if failed else None
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if first is not None:
+        raise first
+    return [t.result() for t in tasks]
 
 
 TasksArg = typer.Argument(
@@ -99,6 +275,12 @@ EnvsOpt = typer.Option(
     None, "--envs-dir", help="Per-instance conda environment exports (<instance_id>.yml)."
 )
 IdsOpt = typer.Option(None, "--instance-ids", "-i", help="Only these tasks (repeatable).")
+AbsPathsOpt = typer.Option(
+    False,
+    "--allow-absolute-paths",
+    help="Let the dataset's records name files outside its folder and --envs-dir (absolute "
+    "paths, ~, ..); refused by default.",
+)
 
 
 def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | None) -> Builder:
@@ -112,13 +294,20 @@ def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | 
         updates["cache"] = cache
     if mirror is not None:
         updates["git_mirror"] = mirror
-    return Builder(settings.model_copy(update=updates))
+    settings = settings.model_copy(update=updates)
+    _place("store", settings.store.parent, "MINISANDBOX_STORE (--store)")
+    _place("cache", settings.cache, "MINISANDBOX_CACHE (--cache)")
+    return Builder(settings)
 
 
-def _load(tasks: str, envs_dir: Path | None, ids: list[str] | None) -> list[Task]:
+def _load(
+    tasks: str, envs_dir: Path | None, ids: list[str] | None, allow_abs: bool = False
+) -> list[Task]:
     from .loaders import load_tasks
 
-    return load_tasks(tasks, envs_dir=envs_dir, instance_ids=ids or None)
+    return load_tasks(
+        tasks, envs_dir=envs_dir, instance_ids=ids or None, allow_absolute_paths=allow_abs
+    )
 
 
 @app.command()
@@ -134,6 +323,7 @@ def shell(
     store: Path = StoreOpt,
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
+    allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Open an interactive bash in a fresh sandbox. Everything is gone when you exit, unless you
     pass --upper DIR. With --task ID: in that task's environment (built first if needed)."""
@@ -142,11 +332,11 @@ def shell(
 
     try:
         if task:
-            (spec,) = _load(tasks, envs_dir, [task])
+            (spec,) = _load(tasks, envs_dir, [task], allow_abs)
             opened = _builder(tasks, store, cache, mirror).sandbox(spec)
         else:
             opened = Sandbox(_config(layer, upper, network, ro, workdir))
-        code = asyncio.run(_interactive_shell(opened))
+        code = _run(_interactive_shell(opened))
     except MiniSandboxError as e:
         _fail(str(e))
     raise typer.Exit(code)
@@ -235,7 +425,7 @@ def exec_(
     config = _config(layer, upper, network, ro, workdir)
     stdin = None if sys.stdin.isatty() else sys.stdin.buffer.read()
     try:
-        code = asyncio.run(_exec(config, command, timeout, stdin))
+        code = _run(_exec(config, command, timeout, stdin))
     except CommandTimeoutError as e:
         typer.secho(f"minisandbox: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(124) from None
@@ -272,8 +462,8 @@ def demo(
 
     try:
         if tasks:
-            asyncio.run(_demo_tasks(_builder("examples", store, cache, None)))
-        asyncio.run(_demo(sandboxes))
+            _run(_demo_tasks(_builder("examples", store, cache, None)))
+        _run(_demo(sandboxes))
     except MiniSandboxError as e:
         _fail(str(e))
 
@@ -288,7 +478,7 @@ async def _demo_tasks(builder: Builder) -> None:
     console = Console()
     tasks = load_tasks("examples")
     with console.status("building the example tasks (once; later runs reuse the layers)"):
-        results = await asyncio.gather(*(builder.build(t) for t in tasks))
+        results = await _all_or_none(builder.build(t) for t in tasks)
     for r in results:
         if r.status == "failed":
             raise typer.BadParameter(f"building {r.task_id} failed: {r.error}")
@@ -321,7 +511,7 @@ async def _demo_tasks(builder: Builder) -> None:
             f"{gold.duration_s:.2f}",
         ]
 
-    for row in await asyncio.gather(*(run(t, r) for t, r in zip(tasks, results, strict=True))):
+    for row in await _all_or_none(run(t, r) for t, r in zip(tasks, results, strict=True)):
         table.add_row(*row)
     console.print(table)
 
@@ -361,7 +551,7 @@ async def _demo(n: int) -> None:
                 state.output.strip(),
             ]
 
-    rows = await asyncio.gather(*(one(i) for i in range(n)))
+    rows = await _all_or_none(one(i) for i in range(n))
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -378,6 +568,7 @@ def tasks_(
     envs_dir: Path = EnvsOpt,
     ids: list[str] = IdsOpt,
     json_out: bool = typer.Option(False, "--json", help="One JSON object per task."),
+    allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """List a dataset's tasks."""
     from rich.console import Console
@@ -386,7 +577,7 @@ def tasks_(
     from .errors import MiniSandboxError
 
     try:
-        loaded = _load(tasks, envs_dir, ids)
+        loaded = _load(tasks, envs_dir, ids, allow_abs)
     except MiniSandboxError as e:
         _fail(str(e))
     if json_out:
@@ -437,6 +628,7 @@ def build(
         "The verdict is recorded in the store; exit 1 when a task fails.",
     ),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+    allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Build the environment and task layers of a dataset's tasks into the layer store.
 
@@ -445,7 +637,7 @@ def build(
     from .errors import MiniSandboxError
 
     try:
-        loaded = _load(tasks, envs_dir, ids)
+        loaded = _load(tasks, envs_dir, ids, allow_abs)
         builder = _builder(tasks, store, cache, mirror)
 
         async def run() -> tuple[list[BuildResult], dict[str, Validation]]:
@@ -456,7 +648,7 @@ def build(
                 verdicts = await _validate_all(builder, ok, jobs, force, quiet=json_out)
             return results, verdicts
 
-        results, verdicts = asyncio.run(run())
+        results, verdicts = _run(run())
     except MiniSandboxError as e:
         _fail(str(e))
     if not json_out:
@@ -505,7 +697,7 @@ async def _build_all(
             progress.advance(overall)
             return result
 
-        return list(await asyncio.gather(*(one(t) for t in tasks)))
+        return await _all_or_none(one(t) for t in tasks)
 
 
 async def _validate_all(
@@ -529,7 +721,7 @@ async def _validate_all(
                     verdicts[task.id] = _unvalidated(task, str(e))
             progress.advance(overall)
 
-        await asyncio.gather(*(one(t) for t in tasks))
+        await _all_or_none(one(t) for t in tasks)
     return verdicts
 
 
@@ -593,20 +785,30 @@ def eval_(
     mirror: Path = MirrorOpt,
     envs_dir: Path = EnvsOpt,
     json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+    allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Evaluate predicted patches as SWE-bench's harness does, each in a fresh task sandbox.
 
     Only tasks with a prediction are evaluated (their layers are built first when missing).
     Writes SWE-bench's per-instance report.json, test_output.txt and patch.diff under
-    --report/<model>/<instance_id>/, and its run summary at --report/<model>.<run id>.json.
-    Exits 0 whatever the verdicts; 2 on bad input."""
+    --report/<model>/<instance_id>/ as each instance finishes, and its run summary at
+    --report/<model>.<run id>.json at the end. Exits 0 whatever the verdicts; 2 on bad input
+    or when a write fails (disk full, quota, read-only, permission): then the run stops, the
+    reports of the instances finished so far stay, and no summary is written."""
     from .errors import MiniSandboxError
     from .loaders import TaskNotFoundError
     from .predictions import SPECIAL, PredictionsError, load_predictions, special_predictions
+    from .specs import path_name_problem
 
+    problem = path_name_problem(run_id)
+    if problem is not None:
+        _fail(f"--run-id {run_id!r} {problem}: it names the run's directory and summary file")
+    report_dir = report or Path("logs") / "run_evaluation" / run_id
+    _place("report", report_dir, "--report")
+    written: list[str] = []
     try:
         if predictions in SPECIAL:
-            loaded = _load(tasks, envs_dir, ids)
+            loaded = _load(tasks, envs_dir, ids, allow_abs)
             preds = special_predictions(predictions, loaded)
         else:
             preds = load_predictions(Path(predictions))
@@ -615,7 +817,7 @@ def eval_(
             if not preds:
                 raise PredictionsError(f"{predictions}: no predictions to evaluate")
             try:
-                loaded = _load(tasks, envs_dir, ids or list(preds))
+                loaded = _load(tasks, envs_dir, ids or list(preds), allow_abs)
             except TaskNotFoundError as e:
                 if ids:
                     raise  # an --instance-ids problem
@@ -628,13 +830,26 @@ def eval_(
         if not preds:
             raise PredictionsError(f"no tasks to evaluate in {tasks}")
         builder = _builder(tasks, store, cache, mirror)
-        report_dir = report or Path("logs") / "run_evaluation" / run_id
-        results = asyncio.run(
-            _eval_all(builder, loaded, preds, report_dir, jobs, timeout, quiet=json_out)
+        _check_writable(report_dir)  # before hours of evaluation, not after
+        results = _run(
+            _eval_all(builder, loaded, preds, report_dir, jobs, timeout, json_out, written)
         )
+        _eval_summary(loaded, preds, results, report_dir, run_id, json_out)
     except MiniSandboxError as e:
         _fail(str(e))
-    _eval_summary(loaded, preds, results, report_dir, run_id, json_out)
+    except OSError as e:
+        kept = f" (the run stopped; {len(written)} finished reports are kept)" if written else ""
+        _fail(f"{_explain_os_error(e)}{kept}")
+
+
+def _check_writable(directory: Path) -> None:
+    """Create `directory` and write a file in it, or raise the OSError that says why not."""
+    from .predictions import write_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".minisandbox-probe-{os.getpid()}"
+    write_file(probe, "probe\n")
+    probe.unlink()
 
 
 async def _eval_all(
@@ -645,7 +860,11 @@ async def _eval_all(
     jobs: int,
     timeout: float,
     quiet: bool,
+    written: list[str],
 ) -> dict[str, EvalResult]:
+    """Build, then evaluate, writing each instance's report as soon as it is known (into
+    `written`, the ids whose report is complete). The first failed write stops the run: the
+    running evaluations are cancelled (their sandboxes stopped), and the OSError is raised."""
     from rich.console import Console
 
     from .evaluation import EvalResult, Evaluator, evaluate_many
@@ -664,13 +883,18 @@ async def _eval_all(
         else:
             ready.append(t)
     by_id = {t.id: t for t in todo}
-    for r in results.values():
+
+    def write(r: EvalResult) -> None:
         write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+        written.append(r.instance_id)
+
+    for r in results.values():
+        write(r)
     with _progress(Console(stderr=quiet), quiet) as progress:
         overall = progress.add_task("evaluating", total=len(todo), completed=len(results))
 
         def done(r: EvalResult) -> None:
-            write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+            write(r)
             progress.advance(overall)
 
         evaluated = await evaluate_many(
@@ -694,12 +918,12 @@ def _eval_summary(
     from rich.console import Console
     from rich.table import Table
 
-    from .predictions import model_dir, run_report
+    from .predictions import model_dir, run_report, write_file
 
     model = next(iter(preds.values())).model_name_or_path
     summary_path = report_dir / f"{model_dir(model)}.{run_id}.json"
     report_dir.mkdir(parents=True, exist_ok=True)
-    summary_path.write_text(json.dumps(run_report(tasks, preds, results), indent=4) + "\n")
+    write_file(summary_path, json.dumps(run_report(tasks, preds, results), indent=4) + "\n")
     by_status = {
         s: [i for i, r in results.items() if r.status == s]
         for s in ("resolved", "unresolved", "error")
@@ -811,30 +1035,58 @@ def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt) -> None:
 @cache_app.command("verify")
 def cache_verify(
     store: Path = StoreOpt,
-    repair: bool = typer.Option(False, "--repair", help="Move corrupt blobs aside."),
+    repair: bool = typer.Option(
+        False,
+        "--repair",
+        help="Move corrupt blobs aside and drop the refs of broken layers (the next build "
+        "rebuilds them).",
+    ),
 ) -> None:
     """Re-hash every blob and manifest; exit 1 when anything is corrupt or missing."""
-    problems = _store(store).verify(repair=repair)
+    report = _store(store).check(repair=repair)
+    problems = list(report.problems)
     for p in problems:
         typer.secho(p, fg=typer.colors.RED)
     typer.echo(f"{len(problems)} problems")
+    if report.dropped_refs:
+        typer.echo(
+            f"dropped {len(report.dropped_refs)} refs of broken layers: "
+            "`minisandbox build` rebuilds them"
+        )
     raise typer.Exit(1 if problems else 0)
 
 
 @cache_app.command("gc")
 def cache_gc(store: Path = StoreOpt) -> None:
-    """Remove unreferenced layers and blobs, and leftovers of interrupted publishes."""
-    report = _store(store).gc()
+    """Remove unreferenced layers and blobs, leftovers of interrupted publishes, and the work
+    directories of builds whose process is gone (killed builds)."""
+    from .builder import BuildSettings, build_tmp, sweep_build_tmp
+
+    s = _store(store)
+    report = s.gc()
+    settings = BuildSettings() if store is None else BuildSettings(store=store)
+    swept = sweep_build_tmp(build_tmp(settings))
+    freed = report.freed_bytes + sum(size for _path, size in swept)
     typer.echo(
         f"removed {len(report.removed_layers)} layers, {report.removed_blobs} blobs, "
-        f"{report.removed_temps} temp files; freed {_mb(report.freed_bytes)}"
+        f"{report.removed_temps} temp files, {len(swept)} stale build directories; "
+        f"freed {_mb(freed)}"
     )
+    for path, size in swept:
+        typer.echo(f"  removed {path} ({_mb(size)})")
     for p in report.problems:
         typer.secho(p, fg=typer.colors.YELLOW)
 
 
 def main() -> None:
-    app()
+    """The `minisandbox` command. An OSError that reaches here (disk full, quota, read-only
+    filesystem, permission...) ends it with one line naming the path and the fix, exit 2."""
+    try:
+        _default_places()
+        app()
+    except OSError as e:
+        typer.secho(f"minisandbox: {_explain_os_error(e)}", fg=typer.colors.RED, err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import MiniSandboxError
-from .specs import EnvRecipe, Task, files_in_patch
+from .specs import EnvRecipe, Task, files_in_patch, path_name_problem, task_id_problem
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ _PEP440 = re.compile(
     re.IGNORECASE,
 )
 _REQ_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
-_SWESMITH_REPO = re.compile(r"^(?P<owner>[A-Za-z0-9-]+)__(?P<name>.+)\.(?P<commit>[0-9a-f]{7,40})$")
+_SWESMITH_REPO = re.compile(r"(?P<owner>[A-Za-z0-9-]+)__(?P<name>.+)\.(?P<commit>[0-9a-f]{7,40})")
 # Files in a test patch that are data, not test modules to pass to a runner (swebench's list).
 _NON_TEST_SUFFIXES = (
     ".json",
@@ -148,6 +148,7 @@ def load_tasks(
     *,
     envs_dir: Path | None = None,
     instance_ids: Sequence[str] | None = None,
+    allow_absolute_paths: bool = False,
 ) -> list[Task]:
     """Load tasks from `source`:
 
@@ -158,6 +159,15 @@ def load_tasks(
 
     `envs_dir` holds per-instance conda exports (`<instance_id>.yml`) for SWE-bench records.
     `instance_ids` keeps only those tasks, in the source's order; missing ones raise.
+
+    Paths that records name (a SWE-smith `environment` file, a task file's `env` and
+    `<field>_file`) stay inside the data file's folder or `envs_dir`: an absolute path, `~` or a
+    `..` is refused (a dataset must not make us read host files) unless `allow_absolute_paths`.
+    Instance ids are checked before any path is built from them.
+
+    Raises:
+        TaskFormatError: a malformed record or file, naming the file, record and field.
+        TaskNotFoundError: an id of `instance_ids` is not in the source.
     """
     wanted = _wanted(instance_ids)
     if isinstance(source, str) and source == "examples":
@@ -172,11 +182,11 @@ def load_tasks(
     if path.is_dir():
         raise TaskFormatError(f"{path}: is a directory, not a task file", path=str(path))
     if path.exists():
-        tasks = _load_file(path, envs, wanted)
+        tasks = _load_file(path, envs, wanted, allow_absolute_paths)
     elif path.suffix.lower() in _FILE_SUFFIXES:
         raise TaskFileNotFoundError(f"{path}: no such task file", path=str(path))
     elif "/" in str(source):
-        tasks = _load_hf(str(source), envs, wanted)
+        tasks = _load_hf(str(source), envs, wanted, allow_absolute_paths)
     else:
         raise TaskFormatError(
             f"unknown task source {str(source)!r}: expected 'examples', a file "
@@ -248,6 +258,15 @@ class _Where:
             text, path=self.path, index=self.index, instance_id=self.instance_id, field=field
         )
 
+    def check_id(self, value: Any, field: str) -> None:
+        """Refuse an id that cannot name a directory, before anything builds a path from it."""
+        if not isinstance(value, str):
+            return  # the record's own checks name a missing or non-string id
+        problem = task_id_problem(value)
+        if problem is not None:
+            self.instance_id = None  # do not repeat a newline or a control character
+            raise self.error(f"{value!r} {problem}: not usable as a task id", field)
+
     def from_validation(self, exc: ValidationError, prefix: str = "") -> TaskFormatError:
         problems = []
         first_field = None
@@ -280,23 +299,27 @@ def _validate_task(data: dict[str, Any], where: _Where) -> Task:
 # --------------------------------------------------------------------------- files
 
 
-def _load_file(path: Path, envs_dir: Path | None, wanted: set[str] | None) -> list[Task]:
+def _load_file(
+    path: Path, envs_dir: Path | None, wanted: set[str] | None, allow_abs: bool
+) -> list[Task]:
     suffix = path.suffix.lower()
     name = str(path)
     if suffix == ".parquet":
-        return _records_to_tasks(_read_parquet(path), name, path.parent, envs_dir, wanted)
+        records = _read_parquet(path)
+        return _records_to_tasks(records, name, path.parent, envs_dir, wanted, allow_abs)
     if suffix == ".jsonl":
-        return _records_to_tasks(_read_jsonl(path), name, path.parent, envs_dir, wanted)
+        records = _read_jsonl(path)
+        return _records_to_tasks(records, name, path.parent, envs_dir, wanted, allow_abs)
     if suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise TaskFormatError(f"{path}: not valid JSON: {exc}", path=name) from None
         if isinstance(data, dict) and "tasks" in data:
-            return _own_tasks(data, path, envs_dir, wanted)
+            return _own_tasks(data, path, envs_dir, wanted, allow_abs)
         if isinstance(data, list):
             records = ((i, None, r) for i, r in enumerate(data))
-            return _records_to_tasks(records, name, path.parent, envs_dir, wanted)
+            return _records_to_tasks(records, name, path.parent, envs_dir, wanted, allow_abs)
         raise TaskFormatError(
             f"{path}: expected a list of SWE-bench/SWE-smith records or a mapping with a "
             "'tasks' list",
@@ -306,7 +329,7 @@ def _load_file(path: Path, envs_dir: Path | None, wanted: set[str] | None) -> li
         data = _yaml_load(path)
         if not isinstance(data, dict) or "tasks" not in data:
             raise TaskFormatError(f"{path}: expected a mapping with a 'tasks' list", path=name)
-        return _own_tasks(data, path, envs_dir, wanted)
+        return _own_tasks(data, path, envs_dir, wanted, allow_abs)
     raise TaskFormatError(
         f"{path}: unknown task file type {suffix or '(none)'}; expected one of "
         + ", ".join(_FILE_SUFFIXES),
@@ -363,7 +386,9 @@ def _yaml_load(path: Path) -> Any:
 # --------------------------------------------------------------------------- Hugging Face
 
 
-def _load_hf(name: str, envs_dir: Path | None, wanted: set[str] | None) -> list[Task]:
+def _load_hf(
+    name: str, envs_dir: Path | None, wanted: set[str] | None, allow_abs: bool
+) -> list[Task]:
     try:
         import datasets  # type: ignore[import-not-found]
     except ImportError:
@@ -388,7 +413,7 @@ def _load_hf(name: str, envs_dir: Path | None, wanted: set[str] | None) -> list[
         loaded = loaded[split]
     source = f"hf:{dataset_name}:{split}"
     records = ((i, None, dict(r)) for i, r in enumerate(loaded))
-    return _records_to_tasks(records, source, None, envs_dir, wanted)
+    return _records_to_tasks(records, source, None, envs_dir, wanted, allow_abs)
 
 
 # --------------------------------------------------------------------------- dataset records
@@ -400,6 +425,7 @@ def _records_to_tasks(
     base_dir: Path | None,
     envs_dir: Path | None,
     wanted: set[str] | None,
+    allow_abs: bool = False,
 ) -> list[Task]:
     tasks = []
     for index, line, record in records:
@@ -410,9 +436,10 @@ def _records_to_tasks(
         where.instance_id = iid if isinstance(iid, str) else None
         if wanted is not None and iid not in wanted:
             continue
+        where.check_id(iid, "instance_id")  # before envs_dir/<id>.yml is looked at
         kind = _record_kind(record, where)
         if kind == "swesmith":
-            tasks.append(_swesmith_task(record, where, source, base_dir, envs_dir))
+            tasks.append(_swesmith_task(record, where, source, base_dir, envs_dir, allow_abs))
         else:
             tasks.append(_swebench_task(record, where, source, envs_dir))
     return tasks
@@ -566,6 +593,7 @@ def _swesmith_task(
     source: str,
     base_dir: Path | None,
     envs_dir: Path | None,
+    allow_abs: bool = False,
 ) -> Task:
     iid = _text(record, "instance_id", where) or _required(record, "instance_id", where)
     raw_repo = _text(record, "repo", where) or _required(record, "repo", where)
@@ -579,7 +607,9 @@ def _swesmith_task(
             "missing: give base_commit, or a SWE-smith repo name 'owner__name.<commit>'",
             "base_commit",
         )
-    recipe = _swesmith_recipe(record, where, env_name, iid, base_dir, envs_dir)
+    if env_name is not None and path_name_problem(env_name) is not None:
+        raise where.error(f"{raw_repo!r} {path_name_problem(env_name)}", "repo")
+    recipe = _swesmith_recipe(record, where, env_name, iid, base_dir, envs_dir, allow_abs)
     install = record.get("install", [SWESMITH_INSTALL])
     data = {
         "id": iid,
@@ -605,7 +635,7 @@ def _split_swesmith_repo(repo: str) -> tuple[str, str | None, str | None]:
     """Split a SWE-smith repo name: "swesmith/owner__name.abc1234" or "owner__name.abc1234"
     gives ("owner/name", "abc1234", "owner__name.abc1234"); "owner/name" passes through."""
     tail = repo.rsplit("/", 1)[-1]
-    m = _SWESMITH_REPO.match(tail)
+    m = _SWESMITH_REPO.fullmatch(tail)
     if m:
         return f"{m['owner']}/{m['name']}", m["commit"], tail
     return repo, None, None
@@ -618,9 +648,11 @@ def _swesmith_recipe(
     iid: str,
     base_dir: Path | None,
     envs_dir: Path | None,
+    allow_abs: bool = False,
 ) -> EnvRecipe:
     """`environment` is a recipe mapping, or names a conda export (a path relative to the data
-    file, or `<name>.yml` in envs_dir); without it, envs_dir/<owner__name.commit>.yml."""
+    file, or `<name>.yml` in envs_dir); without it, envs_dir/<owner__name.commit>.yml. An
+    absolute path or one with `..` is refused unless `allow_abs`."""
     environment = record.get("environment")
     if isinstance(environment, dict):
         try:
@@ -629,11 +661,12 @@ def _swesmith_recipe(
             raise where.from_validation(exc, prefix="environment.") from None
     candidates: list[Path] = []
     if isinstance(environment, str) and environment:
-        given = Path(environment).expanduser()
+        given = _record_path(environment, where, "environment", allow_abs)
         for folder in (base_dir, envs_dir):
             if folder is not None and not given.is_absolute():
                 candidates += [folder / given, folder / f"{environment}.yml"]
-        candidates.append(given)
+        if given.is_absolute():  # allowed explicitly
+            candidates.append(given)
     elif environment is not None:
         raise where.error("expected a mapping or a file name", "environment")
     elif envs_dir is not None:
@@ -653,7 +686,11 @@ def _swesmith_recipe(
 
 
 def _own_tasks(
-    data: dict[str, Any], path: Path, envs_dir: Path | None, wanted: set[str] | None
+    data: dict[str, Any],
+    path: Path,
+    envs_dir: Path | None,
+    wanted: set[str] | None,
+    allow_abs: bool = False,
 ) -> list[Task]:
     name = str(path)
     extra = set(data) - {"tasks"}
@@ -674,25 +711,48 @@ def _own_tasks(
         where.instance_id = entry.get("id") if isinstance(entry.get("id"), str) else None
         if wanted is not None and entry.get("id") not in wanted:
             continue
+        where.check_id(entry.get("id"), "id")
         for field in _TEXT_FIELDS:
             ref = entry.pop(f"{field}_file", None)
             if ref is None:
                 continue
             if field in entry:
                 raise where.error(f"give either {field} or {field}_file, not both", field)
-            entry[field] = _read_relative(path, ref, where, f"{field}_file")
+            entry[field] = _read_relative(path, ref, where, f"{field}_file", allow_abs)
         env = entry.get("env")
         if isinstance(env, str):  # a conda export next to the task file
-            entry["env"] = conda_env_to_recipe(_resolve_relative(path, env, where, "env"))
+            entry["env"] = conda_env_to_recipe(
+                _resolve_relative(path, env, where, "env", allow_abs)
+            )
         entry.setdefault("source", name)
         tasks.append(_validate_task(entry, where))
     return tasks
 
 
-def _resolve_relative(task_file: Path, ref: Any, where: _Where, field: str) -> Path:
+def _record_path(ref: str, where: _Where, field: str, allow_abs: bool) -> Path:
+    """A path a record names, checked before use: no control characters ever; absolute, `~` or
+    `..` only when the caller allows paths outside the dataset's folders."""
+    for part in ref.split("/"):
+        problem = path_name_problem(part)
+        if problem is not None and "control character" in problem:
+            raise where.error(f"{ref!r} {problem}", field)
+    given = Path(ref)
+    outside = given.is_absolute() or ref.startswith("~") or ".." in given.parts
+    if outside and not allow_abs:
+        raise where.error(
+            f"{ref!r} reaches outside the dataset's folder: give a path relative to it, or "
+            "allow absolute paths (allow_absolute_paths=True, --allow-absolute-paths)",
+            field,
+        )
+    return given.expanduser()
+
+
+def _resolve_relative(
+    task_file: Path, ref: Any, where: _Where, field: str, allow_abs: bool = False
+) -> Path:
     if not isinstance(ref, str) or not ref:
         raise where.error("expected a file path", field)
-    target = Path(ref).expanduser()
+    target = _record_path(ref, where, field, allow_abs)
     if not target.is_absolute():
         target = task_file.parent / target
     if not target.is_file():
@@ -700,8 +760,10 @@ def _resolve_relative(task_file: Path, ref: Any, where: _Where, field: str) -> P
     return target
 
 
-def _read_relative(task_file: Path, ref: Any, where: _Where, field: str) -> str:
-    target = _resolve_relative(task_file, ref, where, field)
+def _read_relative(
+    task_file: Path, ref: Any, where: _Where, field: str, allow_abs: bool = False
+) -> str:
+    target = _resolve_relative(task_file, ref, where, field, allow_abs)
     try:
         return target.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -8,19 +8,27 @@ Reports are laid out as the harness's `logs/run_evaluation/<run_id>`: per instan
 `<model>/<instance_id>/{report.json, test_output.txt, patch.diff, eval.sh, run_instance.log}`,
 and a run summary as its `make_run_report` writes it. As there, an instance whose evaluation
 errored (e.g. the patch does not apply) has no report.json, and an empty patch is counted apart.
+
+Model names and instance ids become directory names: both are checked (`path_name_problem`,
+`task_id_problem`) when a prediction is made, so no name can lead outside the report directory.
+Each file is written whole or not at all (a temporary file renamed into place), report.json
+last, so a report.json on disk always belongs to a completely written instance.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from .errors import MiniSandboxError
 from .evaluation import EvalResult, make_eval_script
-from .specs import Task
+from .specs import Task, path_name_problem, task_id_problem
 
 SPECIAL = ("gold", "empty")
 
@@ -34,6 +42,30 @@ class Prediction(BaseModel):
     model_name_or_path: str
     model_patch: str | None
     where: str = Field("", exclude=True, description="file and line or entry it came from")
+
+    @field_validator("instance_id")
+    @classmethod
+    def _check_instance_id(cls, value: str) -> str:
+        problem = task_id_problem(value)
+        if problem is not None:
+            raise ValueError(f"{value!r} {problem}: not usable as an instance id")
+        return value
+
+    @field_validator("model_name_or_path")
+    @classmethod
+    def _check_model(cls, value: str) -> str:
+        problem = model_name_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+def model_name_problem(model: str) -> str | None:
+    """Why `model` cannot name its report directory (`model_dir`), None when it can."""
+    problem = path_name_problem(model_dir(model))
+    if problem is None:
+        return None
+    return f"{model!r} {problem} once '/' is '__': it names the report directory"
 
 
 def _entry(value: Any, where: str, key: str | None = None) -> Prediction:
@@ -56,6 +88,15 @@ def _entry(value: Any, where: str, key: str | None = None) -> Prediction:
         raise PredictionsError(
             f"{where}: field 'instance_id' is {value['instance_id']!r}, but its key is {key!r}"
         )
+    # Both name directories of the report: checked before anything uses them.
+    problem = task_id_problem(value["instance_id"])
+    if problem is not None:
+        raise PredictionsError(
+            f"{where}: field 'instance_id': {value['instance_id']!r} {problem}: not an instance id"
+        )
+    problem = model_name_problem(value["model_name_or_path"])
+    if problem is not None:
+        raise PredictionsError(f"{where}: field 'model_name_or_path': {problem}")
     return Prediction(
         instance_id=value["instance_id"],
         model_name_or_path=value["model_name_or_path"],
@@ -126,23 +167,57 @@ def model_dir(model: str) -> str:
     return model.replace("/", "__")  # as the harness names it
 
 
+def write_file(path: Path, text: str) -> None:
+    """Write `text` to `path` whole or not at all: a temporary file beside it, renamed into place.
+
+    Raises:
+        OSError: naming `path` (disk full, quota, read-only filesystem, permission); `path` is
+            then unchanged and no temporary file is left.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "x", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        # A failed write() or close() names no file: name the one we were writing.
+        raise OSError(e.errno, e.strerror or str(e), str(path)) from None
+
+
 def write_instance_report(
     report_dir: Path, task: Task, prediction: Prediction, result: EvalResult
 ) -> Path:
-    """The harness's per-instance files; report.json only when the evaluation completed."""
+    """The harness's per-instance files; report.json only when the evaluation completed.
+
+    report.json goes last, so that it is on disk only when everything else is (swebench counts
+    an instance with a report.json as evaluated).
+
+    Raises:
+        PredictionsError: the model name or instance id cannot name a directory.
+        OSError: a file could not be written (the error names it).
+    """
+    problem = model_name_problem(prediction.model_name_or_path) or task_id_problem(task.id)
+    if problem is not None:  # Prediction and Task check these: a model_construct()ed one?
+        raise PredictionsError(f"report of {task.id!r}: {problem}")
     out = report_dir / model_dir(prediction.model_name_or_path) / task.id
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "patch.diff").write_text(prediction.model_patch or "")
-    (out / "test_output.txt").write_text(result.log)
     try:
-        (out / "eval.sh").write_text(make_eval_script(task))
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(e.filename or out)) from None
+    report = out / "report.json"
+    try:
+        report.unlink(missing_ok=True)  # a stale one from an earlier run would count
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(report)) from None
+    write_file(out / "patch.diff", prediction.model_patch or "")
+    write_file(out / "test_output.txt", result.log)
+    try:
+        write_file(out / "eval.sh", make_eval_script(task))
     except MiniSandboxError:
         pass  # the evaluation failed on it too; its reason is in run_instance.log
-    report = out / "report.json"
-    if result.status == "error":
-        report.unlink(missing_ok=True)  # a stale one from an earlier run would count
-    else:
-        report.write_text(json.dumps(result.swebench_report(prediction.model_patch), indent=4))
     lines = [
         f"instance: {task.id}",
         f"model: {prediction.model_name_or_path}",
@@ -157,7 +232,9 @@ def write_instance_report(
         "",
         result.apply_output,
     ]
-    (out / "run_instance.log").write_text("\n".join(lines) + "\n")
+    write_file(out / "run_instance.log", "\n".join(lines) + "\n")
+    if result.status != "error":
+        write_file(report, json.dumps(result.swebench_report(prediction.model_patch), indent=4))
     return out
 
 

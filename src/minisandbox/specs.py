@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import unicodedata
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,15 +18,46 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # Bump when the meaning of a recipe field changes, so that old environment layers stop matching.
 _KEY_FORMAT = 1
 
-_PYTHON_VERSION = re.compile(r"^\d+\.\d+(\.\d+)?$")
+_PYTHON_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 # GitHub: owners are letters, digits and single hyphens; names may also hold "." and "_".
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+$")
-_COMMIT = re.compile(r"^[0-9a-f]{7,40}$")
+_REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
+_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 # Ids name directories and layers: no slashes, no leading dot.
-_TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
+# A name used as one path component (a task id, a model's report directory, an environment
+# file's name): bounded so that "<name>.<suffix>" still fits the 255 bytes of a file name.
+MAX_NAME_BYTES = 200
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIFF_GIT = re.compile(r"^diff --git a/\S+ b/(\S+)$")
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def path_name_problem(name: str) -> str | None:
+    """Why `name` cannot be one component of a path (None when it can): empty, too long, "."
+    or "..", a "/", or a control character (a newline would split every line-based record)."""
+    if not name:
+        return "is empty"
+    if len(name.encode(errors="surrogatepass")) > MAX_NAME_BYTES:
+        return f"is longer than {MAX_NAME_BYTES} bytes"
+    if name in (".", ".."):
+        return f"is {name!r}, which names a directory, not a file in it"
+    if "/" in name:
+        return "contains '/'"
+    # Cc: ASCII and C1 controls (newline, NUL, ESC...); Zl/Zp: line breaks to str.splitlines.
+    bad = next((c for c in name if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
+    if bad is not None:
+        return f"contains the control character {bad!r}"
+    return None
+
+
+def task_id_problem(value: str) -> str | None:
+    """Why `value` cannot be a task id (None when it can): ids name directories and layers."""
+    problem = path_name_problem(value)
+    if problem is not None:
+        return problem
+    if not _TASK_ID.fullmatch(value):
+        return "has a character other than letters, digits and . _ + - (or starts with one)"
+    return None
 
 
 def _one_line(value: str) -> str:
@@ -109,7 +141,7 @@ class EnvRecipe(BaseModel):
     @classmethod
     def _check_python(cls, value: str) -> str:
         value = value.strip()
-        if not _PYTHON_VERSION.match(value):
+        if not _PYTHON_VERSION.fullmatch(value):
             raise ValueError(f'{value!r} is not a Python version like "3.9" or "3.9.18"')
         return value
 
@@ -127,7 +159,7 @@ class EnvRecipe(BaseModel):
     @classmethod
     def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
         for name in env:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
         return env
 
@@ -200,14 +232,18 @@ class Task(BaseModel):
     @field_validator("id")
     @classmethod
     def _check_id(cls, value: str) -> str:
-        if not _TASK_ID.match(value):
-            raise ValueError(f"{value!r}: use letters, digits and . _ + - (no slashes)")
+        problem = task_id_problem(value)
+        if problem is not None:
+            raise ValueError(
+                f"{value!r} {problem}: use letters, digits and . _ + - (no slashes), at most "
+                f"{MAX_NAME_BYTES} bytes"
+            )
         return value
 
     @field_validator("repo")
     @classmethod
     def _check_repo(cls, value: str) -> str:
-        if not _REPO.match(value):
+        if not _REPO.fullmatch(value):
             raise ValueError(f'{value!r} is not a GitHub repository like "owner/name"')
         return value
 
@@ -217,7 +253,7 @@ class Task(BaseModel):
         if value is None:
             return None
         value = value.strip().lower()
-        if not _COMMIT.match(value):
+        if not _COMMIT.fullmatch(value):
             raise ValueError(f"{value!r} is not a commit hash (7 to 40 hex digits)")
         return value
 
