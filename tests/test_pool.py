@@ -44,7 +44,7 @@ def test_layers_share_unpacked_files(tmp_path: Path) -> None:
     # A layer without the pool (positive control) gets files of its own.
     uc = store.unpack(la.id, tmp_path / "cache" / "C")
     assert _inode(uc / "big.bin") != _inode(ua / "big.bin")
-    assert pool.verify(lambda sha: store._read_blob("check", sha)) == []
+    assert pool.verify(store.read_blob) == []
     # Removing a layer's tree leaves the pool files of the other; sweep drops unused ones.
     os.system(f"rm -rf {ua}")
     removed, _ = pool.sweep()
@@ -96,13 +96,31 @@ def test_verify_finds_a_corrupt_pool_file(tmp_path: Path) -> None:
     layer = store.publish(_tree(tmp_path / "a", "a"))
     pool = FilePool(tmp_path / "cache" / "pool")
     tree = store.unpack(layer.id, tmp_path / "cache" / "A", pool=pool)
-    assert pool.verify(lambda sha: store._read_blob("check", sha)) == []
+    assert pool.verify(store.read_blob) == []
     victim = tree / "pkg" / "m1.py"
     os.chmod(victim, 0o644)
     victim.write_text("tampered\n")
-    problems = pool.verify(lambda sha: store._read_blob("check", sha))
+    problems = pool.verify(store.read_blob)
     assert len(problems) == 1 and "does not match" in problems[0]
 
 
 def test_pool_names_ignore_setid_bits() -> None:
     assert pool_name("a" * 64, 0o4755, 1, (0, 0)) == pool_name("a" * 64, 0o755, 1, (0, 0))
+
+
+def test_cache_verify_checks_the_pool(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    store = LayerStore(tmp_path / "store", fsync=False)
+    layer = store.publish(_tree(tmp_path / "a", "a"))
+    pool = FilePool(tmp_path / "cache" / "pool")
+    tree = store.unpack(layer.id, tmp_path / "cache" / "layers" / layer.id, pool=pool)
+    cmd = [sys.executable, "-m", "minisandbox.cli", "cache", "verify"]
+    cmd += ["--store", str(tmp_path / "store"), "--cache", str(tmp_path / "cache")]
+    ok = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "0 problems" in ok.stdout, ok.stdout + ok.stderr
+    os.chmod(tree / "big.bin", 0o644)
+    (tree / "big.bin").write_bytes(b"tampered")
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "does not match its name" in bad.stdout, bad.stdout

@@ -1035,6 +1035,7 @@ def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt) -> None:
 @cache_app.command("verify")
 def cache_verify(
     store: Path = StoreOpt,
+    cache: Path = CacheOpt,
     repair: bool = typer.Option(
         False,
         "--repair",
@@ -1042,9 +1043,23 @@ def cache_verify(
         "rebuilds them).",
     ),
 ) -> None:
-    """Re-hash every blob and manifest; exit 1 when anything is corrupt or missing."""
-    report = _store(store).check(repair=repair)
+    """Re-hash every blob and manifest, and every file of the node's pool against the store;
+    exit 1 when anything is corrupt or missing."""
+    from .builder import BuildSettings
+    from .pool import FilePool
+
+    s = _store(store)
+    report = s.check(repair=repair)
     problems = list(report.problems)
+    pool_root = (cache or BuildSettings().cache) / "pool"
+    if pool_root.is_dir():
+        pool_problems = FilePool(pool_root).verify(s.read_blob)
+        problems += pool_problems
+        if pool_problems:
+            problems.append(
+                f"the node cache's pool at {pool_root} holds bad files: clear the node cache "
+                "(remove it while no sandbox runs) and its layers are unpacked anew"
+            )
     for p in problems:
         typer.secho(p, fg=typer.colors.RED)
     typer.echo(f"{len(problems)} problems")

@@ -34,6 +34,10 @@ from pathlib import Path
 from .errors import MiniSandboxError
 
 COARSE = 1024  # first-parent commits per shared pack
+# Every checkout's files get this mtime (2000-01-01): the same file in two tasks' checkouts is
+# then the same file to the layer store and the node's pool (which key on content, mode and
+# mtime), so a node holds it once. The index is refreshed to match.
+CHECKOUT_MTIME = 946684800
 _FORMAT = 1
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 # No user or system git configuration may change what we write (hooks, templates, gc).
@@ -233,12 +237,27 @@ def checkout_past(
     for tag, oid in tags.items():
         _git(dest, "update-ref", f"refs/tags/{tag}", oid)
     _git(dest, "reset", "-q", "--hard", base)
+    _settle_mtimes(dest)
+    _git(dest, "update-index", "-q", "--refresh")
     for leftover in ("ORIG_HEAD", "FETCH_HEAD", "logs"):
         path = dest / ".git" / leftover
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+def _settle_mtimes(dest: Path) -> None:
+    """CHECKOUT_MTIME on the work tree's files and the packs (not on .git's other files)."""
+    for dirpath, _dirnames, filenames in os.walk(dest):
+        rel = os.path.relpath(dirpath, dest)
+        in_git = rel == ".git" or rel.startswith(".git/")
+        if in_git and rel != os.path.join(".git", "objects", "pack"):
+            continue
+        for name in filenames:
+            os.utime(
+                os.path.join(dirpath, name), (CHECKOUT_MTIME, CHECKOUT_MTIME), follow_symlinks=False
+            )
 
 
 def _gold_blobs(testbed: Path, gold_patch: str) -> set[str]:

@@ -8,6 +8,9 @@ Layout of `root`:
     evict.lock        serialises eviction decisions across the node's processes
     tmp/<pid>.<rnd>*  unpacks in progress and evicted trees being deleted; a dead pid's are removed
     io-budget/        state of the default I/O budget ($MINISANDBOX_IO_BUDGET), if set
+    pool/             every unpacked file once (pool.py): layers hard-link their files from it,
+                      so what layers share (a repository's history packs, identical packages)
+                      is written once per node; files no layer holds any more are swept
 
 Every process that uses a layer holds a shared flock on its lock file, on a descriptor of its own,
 for as long as it uses it. Whoever finds a layer absent takes the exclusive lock (non-blocking: all
@@ -41,6 +44,7 @@ from pydantic import BaseModel
 
 from ._cleanup import remove_tree
 from .budget import IOBudget, LocalIOBudget, pid_alive
+from .pool import FilePool
 from .store import LayerNotFoundError, LayerStore
 
 logger = logging.getLogger(__name__)
@@ -111,8 +115,9 @@ class NodeCache:
         self.store = store
         self.max_bytes = max_bytes
         self.owner = owner
-        for sub in ("layers", "stamps", "locks", "tmp"):
+        for sub in ("layers", "stamps", "locks", "tmp", "pool"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.pool = FilePool(self.root / "pool")
         if os.geteuid() == 0:
             self._make_private()
         self.budget = (
@@ -129,7 +134,8 @@ class NodeCache:
         reads lower layers with the mounter's credentials."""
         # The root may be a link the caller made; what is below it is ours.
         paths = [os.path.realpath(self.root)]
-        paths += [os.path.join(paths[0], sub) for sub in ("layers", "stamps", "locks", "tmp")]
+        subs = ("layers", "stamps", "locks", "tmp", "pool")
+        paths += [os.path.join(paths[0], sub) for sub in subs]
         for path in paths:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
@@ -275,7 +281,7 @@ class NodeCache:
             started = time.monotonic()
             work.mkdir()
             self._write_stamp(layer_id, size)  # before the rename: a present layer has a size
-            self.store.unpack(layer_id, work / "layer", owner=self.owner)
+            self.store.unpack(layer_id, work / "layer", owner=self.owner, pool=self.pool)
             os.rename(work / "layer", self.root / "layers" / layer_id)
             self._touch(layer_id)
             unpacked = True
@@ -347,6 +353,10 @@ class NodeCache:
             os.close(lock)
         for path in trash:
             remove_tree(str(path))
+        if trash:
+            # Files that only the evicted layers held. An unpack that races with the sweep
+            # re-inserts what it needs (a pool file is linked right after insertion).
+            self.pool.sweep()
         if evicted:
             logger.info("evicted layers %s", ", ".join(evicted))
         self._sweep_stamps()

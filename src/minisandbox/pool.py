@@ -77,15 +77,21 @@ class FilePool:
             final.parent.mkdir(exist_ok=True)
             with contextlib.suppress(FileExistsError):  # another process inserted it first
                 os.link(tmp, final)
+            # Our temporary link keeps the count above 1 until `dest` holds the file, so a
+            # concurrent sweep leaves it; a pool file swept before we linked it: ours serves.
+            try:
+                os.link(final, dest, follow_symlinks=False)
+            except FileNotFoundError:
+                os.link(tmp, dest, follow_symlinks=False)
+                with contextlib.suppress(FileExistsError):
+                    os.link(tmp, final)
+            except OSError as e:
+                if e.errno != errno.EMLINK:
+                    raise
+                self._copy(final, dest)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        try:
-            os.link(final, dest, follow_symlinks=False)
-        except OSError as e:
-            if e.errno != errno.EMLINK:
-                raise
-            self._copy(final, dest)
         return False
 
     @staticmethod

@@ -875,6 +875,10 @@ class LayerStore:
             raise CorruptLayerError(layer_id, path, "sha256 mismatch")
         _finish_file(fd, e, owner)
 
+    def read_blob(self, sha: str) -> bytes:
+        """A blob's bytes, verified. Raises CorruptLayerError when it is missing or corrupt."""
+        return self._read_blob("(any)", sha)
+
     def _read_blob(self, layer_id: str, sha: str) -> bytes:
         path = self.blob_path(sha)
         try:
