@@ -160,3 +160,35 @@ def test_built_task_holds_no_future_and_validation_proves_it(tmp_path: Path) -> 
     found = dirty.stdout
     assert "refs/heads/fix" in found and "v-fixed" in found, found
     assert "unreachable objects" in found and "the gold patch's version" in found, found
+
+
+def test_checkout_from_a_url_goes_through_a_local_cache(tmp_path: Path) -> None:
+    """Without a mirror, the repository is cloned (bare) once into the builder's git cache, a
+    missing base commit is fetched into it, and checkouts are cut from it."""
+    task = load_tasks("examples")[0].model_copy(update={"source": "url-test"})
+    materialize_mirror(tmp_path / "examples")
+    served = tmp_path / "served" / task.repo
+    served.parent.mkdir(parents=True)
+    shutil.copytree(tmp_path / "examples" / task.repo.replace("/", "__"), served, symlinks=True)
+    settings = BuildSettings(
+        store=tmp_path / "store",
+        cache=tmp_path / "cache",
+        git_mirror=None,
+        git_url_template=f"file://{tmp_path / 'served'}/{{repo}}",
+    )
+    result = asyncio.run(Builder(settings).build(task))
+    assert result.status == "built", result.error
+    bare = tmp_path / "git-cache" / f"{task.repo.replace('/', '__')}.git"
+    assert (bare / "HEAD").is_file(), "the repository was not cached locally"
+    # A base commit the cache lacks is fetched: a new commit in the served repository.
+    (served / "NEW.txt").write_text("new\n")
+    git(served, "add", "-A")
+    git(served, "commit", "-q", "-m", "later")
+    newer = task.model_copy(
+        update={"id": "url-test-2", "base_commit": git(served, "rev-parse", "HEAD")}
+    )
+    result = asyncio.run(Builder(settings).build(newer))
+    assert result.status == "built", result.error
+    missing = task.model_copy(update={"id": "url-test-3", "base_commit": "1" * 40})
+    result = asyncio.run(Builder(settings).build(missing))
+    assert result.status == "failed" and "checkout" in (result.error or "")
