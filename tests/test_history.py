@@ -192,3 +192,22 @@ def test_checkout_from_a_url_goes_through_a_local_cache(tmp_path: Path) -> None:
     missing = task.model_copy(update={"id": "url-test-3", "base_commit": "1" * 40})
     result = asyncio.run(Builder(settings).build(missing))
     assert result.status == "failed" and "checkout" in (result.error or "")
+
+
+def test_base_on_a_cut_point_and_moved_tags(tmp_path: Path) -> None:
+    """A base commit that is also a shared cut point still gets its tags; a tag moved in the
+    source after an earlier task was built leaves nothing unreachable in a later one."""
+    source = tmp_path / "source"
+    ids = linear_repo(source, 20)
+    cache = PackCache(tmp_path / "packs", coarse=4)
+    checkout_past(source, ids[14], tmp_path / "t15", cache)  # makes the cut at depth 8
+    checkout_past(source, ids[7], tmp_path / "t8", cache)  # depth 8: that very cut
+    assert git(tmp_path / "t8", "tag") == "v0.1" and object_counts(tmp_path / "t8")[1] == 0
+    git(source, "tag", "-d", "v0.1")
+    git(source, "tag", "-a", "v0.1", "-m", "re-released", ids[5])
+    for n in (15, 17):
+        dest = tmp_path / f"moved{n}"
+        checkout_past(source, ids[n - 1], dest, cache)
+        assert object_counts(dest)[1] == 0, f"task {n}: the old tag object is unreachable"
+        peeled = git(dest, "rev-parse", "v0.1^{commit}")
+        assert peeled == ids[5]

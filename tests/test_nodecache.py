@@ -243,6 +243,15 @@ async def test_root_callers_cache_is_roots_alone(tmp_path: Path) -> None:
     cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30, owner=owner)
     async with cache.use([layer]) as (path,):
         assert (path.stat().st_uid, path.stat().st_gid) == owner
-    for sub in ("", "layers", "stamps", "locks", "tmp"):
+    for sub in ("", "layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget"):
         st = (tmp_path / "cache" / sub).stat()
         assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o700), sub
+    assert (tmp_path / "cache" / "evict.lock").stat().st_mode & 0o777 == 0o600
+    # A root that is not that uid's (a shared directory) keeps its mode: only what the cache
+    # puts in it is made private.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    NodeCache(shared, store, max_bytes=1 << 30, owner=owner)
+    assert shared.stat().st_mode & 0o7777 == 0o755
+    assert (shared / "layers").stat().st_mode & 0o7777 == 0o700

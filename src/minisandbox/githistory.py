@@ -38,7 +38,7 @@ COARSE = 1024  # first-parent commits per shared pack
 # then the same file to the layer store and the node's pool (which key on content, mode and
 # mtime), so a node holds it once. The index is refreshed to match.
 CHECKOUT_MTIME = 946684800
-_FORMAT = 1
+_FORMAT = 2  # 2: cut chains apart from task chains, task chains record their tags
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 # No user or system git configuration may change what we write (hooks, templates, gc).
 _GIT_ENV = {
@@ -91,9 +91,10 @@ class PackCache:
         finally:
             os.close(fd)
 
-    def chain(self, tip: str) -> dict | None:
+    def chain(self, name: str) -> dict | None:
+        """The chain saved as `name`: a task's (its base commit's id) or a cut's (`cut-<id>`)."""
         try:
-            doc = json.loads((self.root / "chains" / f"{tip}.json").read_text())
+            doc = json.loads((self.root / "chains" / f"{name}.json").read_text())
         except (FileNotFoundError, ValueError):
             return None
         if doc.get("format") != _FORMAT or doc.get("coarse") != self.coarse:
@@ -103,6 +104,7 @@ class PackCache:
         return doc  # type: ignore[no-any-return]
 
     def chains(self) -> dict[str, dict]:
+        """The tasks' chains by base commit (not the cuts': those hold no tags)."""
         out = {}
         for name in os.listdir(self.root / "chains"):
             tip = name.removesuffix(".json")
@@ -110,11 +112,27 @@ class PackCache:
                 out[tip] = doc
         return out
 
-    def save_chain(self, tip: str, packs: list[str], cut: str | None, depth: int) -> None:
-        doc = {"format": _FORMAT, "coarse": self.coarse, "packs": packs, "cut": cut, "depth": depth}
-        tmp = self.root / "chains" / f".{tip}.{os.getpid()}.tmp"
+    def save_chain(
+        self,
+        name: str,
+        packs: list[str],
+        cut: str | None,
+        depth: int,
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        """Record a chain: `tags` (name -> object) are the ancestor tags a task's chain holds;
+        None for a cut's, which holds commits, trees and blobs only."""
+        doc = {
+            "format": _FORMAT,
+            "coarse": self.coarse,
+            "packs": packs,
+            "cut": cut,
+            "depth": depth,
+            "tags": tags,
+        }
+        tmp = self.root / "chains" / f".{name}.{os.getpid()}.tmp"
         tmp.write_text(json.dumps(doc))
-        os.replace(tmp, self.root / "chains" / f"{tip}.json")
+        os.replace(tmp, self.root / "chains" / f"{name}.json")
 
     def has(self, name: str) -> bool:
         return (self.root / f"{name}.pack").is_file() and (self.root / f"{name}.idx").is_file()
@@ -184,8 +202,11 @@ def plan_packs(source: str | Path, base: str, cache: PackCache) -> list[str]:
     if _git(source, "rev-parse", "--is-shallow-repository").strip() == "true":
         raise HistoryError(f"{source} is a shallow clone: the history of {base} is incomplete")
     with cache.locked():
+        tags = ancestor_tags(source, base)
         done = cache.chain(base)
-        if done is not None:
+        # Reused only while the repository's tags are what they were: a tag moved or deleted
+        # since would leave its old object in the packs, unreachable.
+        if done is not None and done.get("tags") == tags:
             return list(done["packs"])
         firsts = _first_parents(source, base)
         packs: list[str] = []
@@ -193,26 +214,28 @@ def plan_packs(source: str | Path, base: str, cache: PackCache) -> list[str]:
         # Shared cuts: the same first-parent commits for every task whose history holds them.
         for depth in range(cache.coarse, len(firsts), cache.coarse):
             tip = firsts[depth - 1]
-            known = cache.chain(tip)
+            known = cache.chain(f"cut-{tip}")
             if known is None:
                 packs = [*packs, cache.make_pack(source, [tip, *([f"^{cut}"] if cut else [])])]
-                cache.save_chain(tip, packs, cut, depth)
+                cache.save_chain(f"cut-{tip}", packs, cut, depth)
             else:
                 packs = list(known["packs"])
             cut = tip
         # Then from the nearest task already built on this stretch, or from the cut.
         start, start_packs, best = cut, packs, -1
         for tip, doc in cache.chains().items():
+            held = doc.get("tags") or {}
             if (
                 doc.get("cut") == cut
                 and best < doc["depth"] < len(firsts)
+                and all(tags.get(name) == oid for name, oid in held.items())
                 and _is_ancestor(source, tip, base)
             ):
                 start, start_packs, best = tip, list(doc["packs"]), doc["depth"]
-        tags = [f"refs/tags/{t}" for t in ancestor_tags(source, base)]
-        revs = [base, *tags, *([f"^{start}"] if start else [])]
+        tag_refs = [f"refs/tags/{t}" for t in tags]
+        revs = [base, *tag_refs, *([f"^{start}"] if start else [])]
         packs = [*start_packs, cache.make_pack(source, revs)]
-        cache.save_chain(base, packs, cut, len(firsts))
+        cache.save_chain(base, packs, cut, len(firsts), tags)
         return packs
 
 

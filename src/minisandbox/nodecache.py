@@ -6,6 +6,7 @@ Layout of `root`:
     stamps/<id>       its unpacked size in bytes (eviction never walks trees); mtime = last use
     locks/<id>        flock target: shared = pinned (in use), exclusive = unpacking or evicting
     evict.lock        serialises eviction decisions across the node's processes
+    compat/           the per-node compatibility layer (compat.py)
     tmp/<pid>.<rnd>*  unpacks in progress and evicted trees being deleted; a dead pid's are removed
     io-budget/        state of the default I/O budget ($MINISANDBOX_IO_BUDGET), if set
     pool/             every unpacked file once (pool.py): layers hard-link their files from it,
@@ -49,6 +50,9 @@ from .store import LayerNotFoundError, LayerStore
 
 logger = logging.getLogger(__name__)
 
+# Everything of the cache lives in these (compat/: the per-node compatibility layer; io-budget/:
+# the default I/O budget's state), so that a root caller can keep them from its sandboxes' uid.
+_PRIVATE = ("layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget")
 _POLL_MIN = 0.01
 _POLL_MAX = 0.2
 _HEX = frozenset("0123456789abcdef")
@@ -115,34 +119,54 @@ class NodeCache:
         self.store = store
         self.max_bytes = max_bytes
         self.owner = owner
-        for sub in ("layers", "stamps", "locks", "tmp", "pool"):
+        created = not os.path.lexists(self.root)
+        for sub in _PRIVATE:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.pool = FilePool(self.root / "pool")
         if os.geteuid() == 0:
-            self._make_private()
+            self._make_private(created)
         self.budget = (
             budget if budget is not None else LocalIOBudget.from_env(self.root / "io-budget")
         )
         self._sweep_tmp()
 
-    def _make_private(self) -> None:
+    def _make_private(self, created: bool) -> None:
         """A root caller's cache is root's alone: its layers are owned by the uid its sandboxes
         run as (they must appear as root inside), so a process of that uid on the host must not
         reach them, or it could rewrite every later sandbox's files (a grader's included), nor
-        take the cache's locks. Root-owned directories of mode 0700 above them do that; bwrap
-        still mounts them, as it does so as root before dropping to that uid, and overlayfs
-        reads lower layers with the mounter's credentials."""
-        # The root may be a link the caller made; what is below it is ours.
-        paths = [os.path.realpath(self.root)]
-        subs = ("layers", "stamps", "locks", "tmp", "pool")
-        paths += [os.path.join(paths[0], sub) for sub in subs]
-        for path in paths:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        take the cache's locks. Root-owned directories of mode 0700 hold everything (bwrap still
+        mounts the layers, as it does so as root before dropping to that uid, and overlayfs
+        reads lower layers with the mounter's credentials).
+
+        The cache root itself is made private too when this made it; an existing one is left as
+        it is (it may be a directory others use, /tmp say) unless that uid owns it: then it could
+        swap the directories in it, and root takes it."""
+        root = os.path.realpath(self.root)  # the root may be a link the caller made
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if created or (self.owner is not None and os.fstat(fd).st_uid == self.owner[0]):
+                os.fchown(fd, 0, 0)
+                os.fchmod(fd, 0o700)
+        finally:
+            os.close(fd)
+        for sub in _PRIVATE:
+            fd = os.open(
+                os.path.join(root, sub), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            )
             try:
                 os.fchown(fd, 0, 0)
                 os.fchmod(fd, 0o700)
             finally:
                 os.close(fd)
+        # A lock file that uid could open is a lock it could hold (eviction would stall).
+        fd = os.open(
+            os.path.join(root, "evict.lock"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            os.fchown(fd, 0, 0)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
 
     # paths and bookkeeping
 

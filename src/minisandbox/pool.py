@@ -158,25 +158,29 @@ class FilePool:
             for name in sorted(os.listdir(self.root / sub)):
                 path = self.root / sub / name
                 content = name.split("-", 1)[0]
+                parts = content.split(".")
                 try:
-                    data = path.read_bytes()
+                    if len(parts) == 1:  # a whole blob's content: hashed as a stream
+                        h = hashlib.sha256()
+                        with open(path, "rb") as f:
+                            while chunk := f.read(1 << 20):
+                                h.update(chunk)
+                        ok = h.hexdigest() == content
+                    elif len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                        sha, offset, size = parts[0], int(parts[1]), int(parts[2])
+                        data = path.read_bytes()  # a run of a pack: small (< 16 KiB)
+                        try:
+                            if sha not in blobs:
+                                blobs = {sha: read_blob(sha)}  # runs of a pack come together
+                            ok = blobs[sha][offset : offset + size] == data
+                        except Exception as e:  # a missing or corrupt blob: cannot tell
+                            problems.append(f"{path}: cannot check against blob {sha} ({e})")
+                            continue
+                    else:
+                        problems.append(f"{path}: not a pool name")
+                        continue
                 except OSError as e:
                     problems.append(f"{path}: unreadable ({e.strerror})")
-                    continue
-                parts = content.split(".")
-                if len(parts) == 1:
-                    ok = hashlib.sha256(data).hexdigest() == content
-                elif len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                    sha, offset, size = parts[0], int(parts[1]), int(parts[2])
-                    try:
-                        if sha not in blobs:
-                            blobs = {sha: read_blob(sha)}  # runs of a pack come together
-                        ok = blobs[sha][offset : offset + size] == data
-                    except Exception as e:  # a missing or corrupt blob: cannot tell
-                        problems.append(f"{path}: cannot check against blob {sha} ({e})")
-                        continue
-                else:
-                    problems.append(f"{path}: not a pool name")
                     continue
                 if not ok:
                     problems.append(f"{path}: content does not match its name")

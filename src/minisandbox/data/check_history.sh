@@ -42,7 +42,10 @@ if [ -n "$gold" ] && [ -s "$gold" ]; then
     mkdir -p "$tmp/gold/$(dirname -- "$f")"
     git show "HEAD:$f" >"$tmp/gold/$f" 2>/dev/null || rm -f -- "$tmp/gold/$f"
   done
-  (cd "$tmp/gold" && git apply "$gold" 2>/dev/null || patch -s -p1 --batch -i "$gold" >/dev/null 2>&1)
+  if ! (cd "$tmp/gold" && { git apply "$gold" 2>/dev/null ||
+    patch -s -p1 --batch -i "$gold" >/dev/null 2>&1; }); then
+    echo "the gold patch does not apply to HEAD's files: its blobs could not be looked for"
+  fi
   for f in "$@"; do
     [ -f "$tmp/gold/$f" ] || continue
     blob=$(git hash-object --no-filters "$tmp/gold/$f")
