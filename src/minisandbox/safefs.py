@@ -97,22 +97,45 @@ def lstat_at(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> os.st
         return None
 
 
-def _open_dir_forcing_mode(fd: int, name: str) -> int:
-    """Open the directory `name` (in `fd`) after giving its owner rwx: by an O_PATH descriptor,
-    which needs no permission on it and refuses a symlink, so the chmod cannot be redirected.
-    -1 when that fails too (not ours)."""
+def open_dir_as_owner(fd: int, name: str, *, restore: bool = False) -> int:
+    """Open the directory `name` (in `fd`) that its owner (us) may not read or search (a
+    sandbox left it mode 000): give the owner rwx through an O_PATH descriptor, which needs no
+    permission on it and refuses a symlink, so the chmod cannot be redirected; with `restore`,
+    give it back its mode once open. -1 when that fails too (not ours)."""
     try:
         flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
         path_fd = os.open(name, flags, dir_fd=fd)
     except OSError:
         return -1
     try:
-        os.chmod(f"/proc/self/fd/{path_fd}", stat.S_IRWXU)
-        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+        mode = stat.S_IMODE(os.fstat(path_fd).st_mode)
+        via = f"/proc/self/fd/{path_fd}"
+        os.chmod(via, mode | stat.S_IRWXU)
+        try:
+            return os.open(via, _DIR_FLAGS)
+        finally:
+            if restore:
+                os.chmod(via, mode)
     except OSError:
         return -1
     finally:
         os.close(path_fd)
+
+
+def _remove_dir_at(fd: int, name: str) -> None:
+    """Remove the directory `name` in `fd` and everything in it, never following a link."""
+    try:
+        child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except PermissionError:  # a non-root owner's mode-000 directory
+        child = open_dir_as_owner(fd, name)
+    except OSError:
+        child = -1
+    if child >= 0:
+        try:
+            _rmtree_fd(child)
+        finally:
+            os.close(child)
+    os.rmdir(name, dir_fd=fd)
 
 
 def _rmtree_fd(fd: int) -> None:
@@ -127,18 +150,7 @@ def _rmtree_fd(fd: int) -> None:
         except OSError:
             is_dir = False
         if is_dir:
-            try:
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            except PermissionError:  # a non-root owner's mode-000 directory
-                child = _open_dir_forcing_mode(fd, name)
-            except OSError:
-                child = -1
-            if child >= 0:
-                try:
-                    _rmtree_fd(child)
-                finally:
-                    os.close(child)
-            os.rmdir(name, dir_fd=fd)
+            _remove_dir_at(fd, name)
         else:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=fd)
@@ -150,12 +162,7 @@ def remove(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> bool:
         with parent_of(root, rel) as (fd, name):
             st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                child = os.open(name, _DIR_FLAGS, dir_fd=fd)
-                try:
-                    _rmtree_fd(child)
-                finally:
-                    os.close(child)
-                os.rmdir(name, dir_fd=fd)
+                _remove_dir_at(fd, name)
             else:
                 os.unlink(name, dir_fd=fd)
             return True

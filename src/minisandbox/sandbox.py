@@ -1112,26 +1112,9 @@ def _open_scan_dir(parent: int, name: str) -> int:
             return -1
         if e.errno != errno.EACCES:
             raise
-    # Unreadable to us, its owner (a root caller is never refused): open it through an O_PATH
-    # descriptor, which cannot be redirected by a symlink, with rwx for the owner, and give it
-    # back its mode at once.
-    try:
-        flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
-        path_fd = os.open(name, flags, dir_fd=parent)
-    except OSError:
-        return -1
-    try:
-        mode = stat.S_IMODE(os.fstat(path_fd).st_mode)
-        via = f"/proc/self/fd/{path_fd}"
-        os.chmod(via, mode | stat.S_IRWXU)
-        try:
-            return os.open(via, _DIR_FLAGS)
-        finally:
-            os.chmod(via, mode)
-    except OSError:
-        return -1
-    finally:
-        os.close(path_fd)
+    # Unreadable to us, its owner (a root caller is never refused): opened with its mode
+    # given back at once.
+    return safefs.open_dir_as_owner(parent, name, restore=True)
 
 
 def _breach_message(
