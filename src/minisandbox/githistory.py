@@ -28,6 +28,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,6 +82,12 @@ class PackCache:
         self.root = Path(root)
         self.coarse = coarse
         (self.root / "chains").mkdir(parents=True, exist_ok=True)
+        # Packs being written by a build that was killed: an hour is far longer than any.
+        for name in os.listdir(self.root):
+            path = self.root / name
+            with contextlib.suppress(OSError):
+                if name.startswith(".new-") and time.time() - path.stat().st_mtime > 3600:
+                    shutil.rmtree(path)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:

@@ -20,7 +20,9 @@ own pin; everyone else waits for it to finish. Eviction takes the exclusive lock
 so it skips layers in use. Least recently used layers go first, while the cache is over
 `max_bytes`; layers in use are never evicted, even when that leaves the cache over its cap (then a
 warning is logged and `usage().over_cap` tells). The cap is checked around each unpack, so unpacks
-running at once may exceed it briefly.
+running at once may exceed it briefly. The cap counts each layer at its full size, although
+layers share their common files through the pool: the disk holds less than the count says, so
+the cap is never exceeded on disk, but eviction may come sooner than it would need to.
 
 For a root caller the cache is root's, mode 0700 (see `_make_private`); layers are owned by the
 uid sandboxes run as. Layers are shared read-only (sandboxes mount them as overlay lower layers);
@@ -317,6 +319,9 @@ class NodeCache:
             )
         finally:
             remove_tree(str(work))
+            if not unpacked:  # what the failed unpack put in the pool and no layer holds
+                with contextlib.suppress(OSError):
+                    self.pool.sweep()
             if not unpacked and not self._present(layer_id):
                 with contextlib.suppress(FileNotFoundError):
                     self._stamp(layer_id).unlink()
