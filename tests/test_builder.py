@@ -301,3 +301,105 @@ async def test_collecting_refuses_links_planted_in_the_upper(layer_dir: Path) ->
         assert not list((layer / path.lstrip("/")).parent.iterdir())
     assert (victim / "eval-wheelhouse" / "keep.whl").read_text() == "host file\n"
     assert (victim / "httpbin").is_dir()
+
+
+# ------------------------------------------------- failed environments, recorded per recipe
+
+_BUILD_IN_A_PROCESS = (
+    "import asyncio, sys\n"
+    "from pathlib import Path\n"
+    "from minisandbox.builder import Builder, BuildSettings\n"
+    "from minisandbox.specs import Task\n"
+    "s = BuildSettings(store=Path(sys.argv[1]), cache=Path(sys.argv[2]),"
+    " git_mirror=Path(sys.argv[3]))\n"
+    "task = Task.model_validate_json(sys.argv[4])\n"
+    "print(asyncio.run(Builder(s).build(task)).model_dump_json())\n"
+)
+
+
+def _own_store(home: Path, settings: BuildSettings, name: str) -> BuildSettings:
+    base, mirror = home / name, settings.git_mirror
+    return BuildSettings(store=base / "store", cache=base / "layers", git_mirror=mirror)
+
+
+def _with_env(task: Task, task_id: str, env: EnvRecipe) -> Task:
+    return task.model_copy(update={"id": task_id, "env": env, "install": []})
+
+
+def test_a_failed_environment_fails_its_other_tasks_at_once(
+    home: Path, settings: BuildSettings
+) -> None:
+    """A recipe that cannot install fails once: the next task sharing it, in another process,
+    fails with the same step, log and error tail without building (its log is not rewritten),
+    until a forced build tries again; another recipe is unaffected."""
+    own = _own_store(home, settings, "failrec")
+    example = load_tasks("examples")[0]
+    broken = EnvRecipe(python=example.env.python, requirements=["no-such-package-xyz==9.9.9"])
+    first, second = (_with_env(example, f"broken-{i}", broken) for i in (1, 2))
+    builder = Builder(own)
+    r1 = asyncio.run(builder.build(first))
+    assert r1.status == "failed" and r1.step == "requirements" and not r1.recorded_failure
+    tail = r1.error.split(":\n", 1)[1]
+    assert "no-such-package-xyz" in tail, r1.error  # the error's tail, not only the log's path
+    ref = builder.env_ref(first)
+    record = builder.store.failure(ref)
+    assert record is not None and record["tail"] == tail and record["task"] == "broken-1"
+    log = Path(r1.log)
+    stamp = log.stat().st_mtime_ns
+
+    out = subprocess.run(
+        [sys.executable, "-c", _BUILD_IN_A_PROCESS, str(own.store), str(own.cache),
+         str(own.git_mirror), second.model_dump_json()],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    r2 = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"first build {r1.seconds:.2f} s, the task sharing it {r2['seconds']:.2f} s")
+    assert r2["status"] == "failed" and r2["recorded_failure"], r2
+    assert r2["step"] == "requirements" and r2["log"] == r1.log and r2["built_layers"] == []
+    assert r2["error"].endswith(f":\n{tail}") and "--force retries" in r2["error"], r2["error"]
+    assert "broken-1" in r2["error"]  # names the recorded failure
+    assert log.stat().st_mtime_ns == stamp  # nothing ran again
+
+    # A record of other builder code (before a fix of how environments are built) is not
+    # trusted: the environment is tried again.
+    builder.store.record_failure(ref, {**record, "builder": "0" * 16})
+    r3 = asyncio.run(Builder(own).build(second))
+    assert r3.status == "failed" and not r3.recorded_failure and r3.step == "requirements"
+    assert log.stat().st_mtime_ns != stamp
+    stamp = log.stat().st_mtime_ns
+    # --force tries again (and fails again here, recording it anew).
+    assert builder.store.failure(ref)["task"] == "broken-2"
+    r4 = asyncio.run(Builder(own).build(first, force=True))
+    assert r4.status == "failed" and not r4.recorded_failure, r4.error
+    assert log.stat().st_mtime_ns != stamp
+    assert builder.store.failure(ref)["task"] == "broken-1"
+
+    # Another recipe builds as ever in the store holding that record.
+    good = _with_env(example, "good", EnvRecipe(python=example.env.python))
+    r5 = asyncio.run(Builder(own).build(good))
+    assert r5.status == "built", r5.error
+    assert builder.store.failure(builder.env_ref(good)) is None
+
+
+def test_a_forced_build_clears_a_recorded_failure(
+    home: Path, settings: BuildSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sound recipe that failed for a passing reason (the package index unreachable: uv
+    offline) stays failed for its tasks until `force`, which builds it and clears the
+    record; then its tasks use the layer."""
+    own = _own_store(home, settings, "failrec-force")
+    example = load_tasks("examples")[0]
+    recipe = EnvRecipe(python=example.env.python, requirements=["six==1.16.0"])
+    first, second = (_with_env(example, f"flaky-{i}", recipe) for i in (1, 2))
+    monkeypatch.setenv("UV_OFFLINE", "1")  # passed to build sandboxes (host build settings)
+    r1 = asyncio.run(Builder(own).build(first))
+    assert r1.status == "failed" and not r1.recorded_failure, r1
+    monkeypatch.delenv("UV_OFFLINE")
+    builder = Builder(own)
+    r2 = asyncio.run(builder.build(second))
+    assert r2.status == "failed" and r2.recorded_failure and r2.step == r1.step, r2
+    forced = asyncio.run(builder.build(second, force=True))
+    assert forced.status == "built" and builder.env_ref(second) in forced.built_layers, forced
+    assert builder.store.failure(builder.env_ref(second)) is None
+    again = asyncio.run(Builder(own).build(first))
+    assert again.status == "cached" and again.env_layer == forced.env_layer, again

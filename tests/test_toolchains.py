@@ -102,3 +102,12 @@ def test_uv_install_dir_is_preferred_on_ties(
 def test_probe_cache_is_per_process() -> None:
     first = discover_interpreters()
     assert discover_interpreters() == first
+
+
+def test_old_missing_version_names_pyenv() -> None:
+    """uv downloads no Python older than 3.8 (140 SWE-bench Verified exports pin 3.6): the
+    message for one names a command that can install it."""
+    with pytest.raises(ToolchainNotFoundError) as info:
+        find_interpreter("3.4")
+    message = str(info.value)
+    assert "pyenv install 3.4" in message and "uv python install" not in message

@@ -15,11 +15,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
 import re
 import secrets
+import shlex
 import shutil
 import socket
 import subprocess
@@ -87,8 +89,9 @@ _NOISE = (
     "etc/hosts",
     "etc/resolv.conf",
 )
-# Bumped when what an environment layer holds changes (v2: its bytecode compiled at build).
-_ENV_FORMAT = "v2"
+# Bumped when what an environment layer holds changes (v2: its bytecode compiled at build;
+# v3: laid out as a self-contained install, see _STANDALONE; old setuptools for old recipes).
+_ENV_FORMAT = "v3"
 
 
 class BuildError(MiniSandboxError):
@@ -97,6 +100,23 @@ class BuildError(MiniSandboxError):
     def __init__(self, task_or_env: str, step: str, log: Path, tail: str) -> None:
         super().__init__(f"{task_or_env}: step '{step}' failed (log: {log}){tail}")
         self.step, self.log = step, log
+        self.tail = tail.removeprefix(":").strip()  # the error's last lines, or its reason
+
+
+class RecordedBuildFailure(BuildError):
+    """An environment whose build failed earlier, in this process or another sharing the
+    store: its tasks fail at once with that error instead of each rebuilding it (minutes
+    each) to fail the same way. `minisandbox build --force` retries."""
+
+    def __init__(self, ref: str, record: dict[str, object]) -> None:
+        step, log, tail = str(record["step"]), Path(str(record["log"])), str(record["tail"])
+        MiniSandboxError.__init__(
+            self,
+            f"{ref}: step '{step}' failed (log: {log}); recorded failure of this recipe "
+            f"(building {record.get('task')} at {record.get('at')}), not rebuilt; "
+            f"--force retries (`minisandbox build --force`)" + (f":\n{tail}" if tail else ""),
+        )
+        self.step, self.log, self.tail = step, log, tail
 
 
 # Host settings a build needs to reach the package index as the host does (proxies, private
@@ -176,6 +196,8 @@ class BuildResult(BaseModel):
     log: str | None = None
     seconds: float = 0.0
     built_layers: list[str] = []  # the refs this build made (the others were in the store)
+    step: str | None = None  # the build step that failed
+    recorded_failure: bool = False  # failed at once: the environment's failure was recorded
 
 
 class Builder:
@@ -198,6 +220,7 @@ class Builder:
         self._locks: dict[str, asyncio.Lock] = {}
         self._interpreters: dict[str, Interpreter] = {}
         self._swept = False
+        self._forced: set[str] = set()  # refs a `force` build remade in this builder
         self.require_validated = self.settings.require_validated
 
     # ---------------------------------------------------------------- keys
@@ -256,11 +279,33 @@ class Builder:
 
     # ---------------------------------------------------------------- building
 
-    async def build(self, task: Task, *, force: bool = False) -> BuildResult:
+    async def build(
+        self,
+        task: Task,
+        *,
+        force: bool = False,
+        on_phase: Callable[[str, str], None] | None = None,
+    ) -> BuildResult:
+        """Build the task's layers that the store lacks (all of them with `force`, each ref
+        once per Builder: tasks sharing an environment rebuild it once). A failure is a
+        "failed" result naming its step and log. An environment whose build failed before is
+        not rebuilt but fails at once with the recorded error, until `force`.
+
+        `on_phase(task_id, phase)` is told "building env" and "building task" as the build
+        reaches a layer it has to make (for progress displays)."""
         began = time.monotonic()
         made: list[str] = []
+
+        def phase(name: str, ref: str) -> None:
+            if on_phase is not None and (
+                (force and ref not in self._forced) or self.store.resolve(ref) is None
+            ):
+                on_phase(task.id, name)
+
         try:
+            phase("building env", self.env_ref(task))
             env_layer = await self._env_layer(task, force, made)
+            phase("building task", self.task_ref(task, env_layer))
             task_layer = await self._task_layer(task, env_layer, force, made)
             await self._eval_deps_layer(task, env_layer, task_layer, force, made)
         except MiniSandboxError as e:
@@ -269,6 +314,8 @@ class Builder:
                 status="failed",
                 error=str(e),
                 log=str(getattr(e, "log", "") or "") or None,
+                step=getattr(e, "step", None),
+                recorded_failure=isinstance(e, RecordedBuildFailure),
                 seconds=time.monotonic() - began,
             )
         return BuildResult(
@@ -294,25 +341,90 @@ class Builder:
             finally:
                 os.close(fd)  # closing drops the lock
 
-    async def _once(self, ref: str, force: bool, make: Callable[[], Awaitable[str]]) -> str:
-        """The layer `ref` names: the stored one, else (or with `force`) the one `make()`
-        builds and publishes, under the ref's build lock, so it is built once."""
+    async def _once(
+        self,
+        ref: str,
+        force: bool,
+        make: Callable[[], Awaitable[str]],
+        *,
+        record_for: str | None = None,
+    ) -> str:
+        """The layer `ref` names: the stored one, else (or with `force`, once per Builder) the
+        one `make()` builds and publishes, under the ref's build lock, so it is built once.
+
+        With `record_for` (the task asking), a failed step is recorded in the store against
+        `ref` (see `_record_failure`): later requests, from any process, raise it at once
+        (RecordedBuildFailure) instead of building again, until a `force` build; a successful
+        build clears the record.
+
+        Raises:
+            BuildError: `make()` failed at a step, or (RecordedBuildFailure) did before.
+        """
         async with self._lock(ref):
+            force = force and ref not in self._forced
             existing = self.store.resolve(ref)
             if existing and not force:
                 return existing
-            return await make()
+            if record_for is not None and not force:
+                known = self._recorded_failure(ref)
+                if known is not None:
+                    raise known
+            if force:
+                self._forced.add(ref)
+            if record_for is None:
+                return await make()
+            try:
+                layer = await make()
+            except BuildError as e:
+                await asyncio.to_thread(self._record_failure, ref, record_for, e)
+                raise
+            await asyncio.to_thread(self.store.clear_failure, ref)
+            return layer
 
     async def _env_layer(self, task: Task, force: bool, made: list[str]) -> str:
         ref = self.env_ref(task)
-        # Tasks sharing a recipe build it once.
-        return await self._once(ref, force, lambda: self._make_env_layer(task, ref, made, force))
+        # Tasks sharing a recipe build it once, and a recipe that fails, fails once.
+        return await self._once(
+            ref,
+            force,
+            lambda: self._make_env_layer(task, ref, made, force),
+            record_for=task.id,
+        )
+
+    def _record_failure(self, ref: str, task_id: str, error: BuildError) -> None:
+        """Record in the store why building `ref` failed: its step, log and the error's tail
+        (the log may be on another machine), and which builder code failed (see `_recorded_
+        failure`)."""
+        self.store.record_failure(
+            ref,
+            {
+                "ref": ref,
+                "task": task_id,
+                "step": error.step,
+                "log": str(error.log),
+                "tail": error.tail,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "host": socket.gethostname(),
+                "builder": _builder_code(),
+            },
+        )
+
+    def _recorded_failure(self, ref: str) -> RecordedBuildFailure | None:
+        """The recorded failure of `ref`, unless another version of the builder recorded it:
+        a fix to how environments are built must not be hidden behind old failures."""
+        record = self.store.failure(ref)
+        if record is None or record.get("builder") != _builder_code():
+            return None
+        if not all(isinstance(record.get(k), str) for k in ("step", "log", "tail")):
+            return None
+        return RecordedBuildFailure(ref, record)
 
     async def _make_env_layer(
         self, task: Task, ref: str, made: list[str], force: bool = False
     ) -> str:
         interp = self.interpreter(task)
         logs = self._log_dir(ref)
+        constraints = build_constraints(task.env.requirements)
         with self._workdir("env-") as work:
             upper = work / "upper"
             config = self._build_config(interp, upper=upper)
@@ -320,31 +432,45 @@ class Builder:
                 await self._step(
                     sb, ref, logs, "venv", f"uv venv --seed --python {interp.executable} {VENV}"
                 )
+                await sb.write_file("/tmp/standalone.sh", _STANDALONE)
+                args = " ".join(shlex.quote(str(a)) for a in (VENV, interp.prefix))
+                await self._step(sb, ref, logs, "layout", f"bash /tmp/standalone.sh {args}")
                 reqs = "\n".join(task.env.requirements) + "\n"
                 await sb.write_file("/tmp/requirements.txt", reqs)
+                await sb.write_file("/tmp/build-constraints.txt", "".join(constraints))
                 if task.env.requirements:
                     options = " ".join(task.env.pip_options)
+                    # No --compile-bytecode: uv's compiler needs Python >= 3.7 (3.6 has no
+                    # py_compile.PycInvalidationMode); the interpreter's own compileall below
+                    # works on every version.
                     await self._step(
                         sb,
                         ref,
                         logs,
                         "requirements",
                         f"uv pip install --python {VENV}/bin/python --link-mode copy "
-                        f"--compile-bytecode {options} -r /tmp/requirements.txt",
+                        f"--build-constraints /tmp/build-constraints.txt {options} "
+                        "-r /tmp/requirements.txt",
                     )
                 # Bytecode now, once: otherwise the first import or pip run of every task
                 # writes its own copy of the environment's .pyc files into its task layer.
+                # Only site-packages: the standard library is the interpreter's (read-only).
                 await self._step(
                     sb,
                     ref,
                     logs,
                     "bytecode",
-                    f"{VENV}/bin/python -m compileall -q -j 0 {VENV}/lib || true",
+                    f"{VENV}/bin/python -m compileall -q -j 0 {VENV}/lib/python*/site-packages"
+                    " || true",
                 )
             layer_dir = work / "layer"
             (layer_dir / "opt").mkdir(parents=True)
             _collect(upper, VENV, layer_dir, ref, logs)
-            meta = {"kind": "env", "recipe": task.env.model_dump()}
+            meta = {
+                "kind": "env",
+                "recipe": task.env.model_dump(),
+                "build_constraints": [line.strip() for line in constraints],
+            }
             return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
 
     async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
@@ -424,6 +550,9 @@ class Builder:
                 # uv's bundled one: behind a corporate proxy only the former knows its CA.
                 "UV_NATIVE_TLS": "1",
                 **_host_build_env(),
+                # Whatever the host asks: uv's bytecode compiler fails on Python 3.6 (builds
+                # compile with the interpreter's own compileall instead).
+                "UV_COMPILE_BYTECODE": "0",
                 "UV_CACHE_DIR": "/tmp/uv-cache",
                 "PIP_CACHE_DIR": "/tmp/pip-cache",
                 "PATH": f"{VENV}/bin:{uv.parent}:/usr/local/bin:/usr/bin:/bin",
@@ -664,6 +793,88 @@ def _collect(upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> 
         raise BuildError(what, "collect", log, f": {path}: {reason}") from None
 
 
+# The environment as a self-contained install, as the official images' conda environment is,
+# rather than a venv of the host's interpreter. A venv is found from the path its python was
+# started by (pyvenv.cfg beside it), so a link to the venv's python from another directory
+# (tox-current-env's `.tox/py39/bin/python`, nox, a chain of links) ran the bare interpreter
+# without the environment's packages. Python finds an install's prefix from its binary's real
+# location instead: with a copy of the binary in bin/ and the standard library's entries
+# linked into lib/pythonX.Y/ (beside the real site-packages), sys.prefix is /opt/venv however
+# its python is reached, and `python -m venv` inside the sandbox makes venvs of it. No
+# pyvenv.cfg: it would send the prefix search back to the host interpreter's directory.
+# The interpreter's shared libraries (libpython) are linked into lib/, where a binary or an
+# extension module that finds them relative to itself ($ORIGIN/../lib) looks; its headers
+# into include/, where building an extension looks for them (sys.base_prefix/include).
+# A distribution-patched interpreter that looks elsewhere for its packages (Debian's
+# dist-packages) fails the check: the environment then stays a venv, with a warning in the log.
+# Runs inside the build sandbox: $1 the venv, $2 the interpreter's prefix (mounted read-only).
+_STANDALONE = r"""set -euo pipefail
+shopt -s nullglob dotglob
+venv=$1 prefix=$2
+cd "$venv/lib"
+libs=(python*)
+[ ${#libs[@]} = 1 ] || { echo "expected one lib/python* in $venv, found: ${libs[*]}"; exit 1; }
+lib=${libs[0]}
+stdlib=$prefix/lib/$lib
+[ -f "$stdlib/os.py" ] || { echo "no standard library at $stdlib"; exit 1; }
+real=$(readlink -f "$venv/bin/python")
+for name in python python3 "$lib"; do
+  rm -f "$venv/bin/$name"
+  cp "$real" "$venv/bin/$name"
+done
+for entry in "$stdlib"/*; do
+  case ${entry##*/} in
+    site-packages|dist-packages|EXTERNALLY-MANAGED) ;;
+    *) ln -s "$entry" "$venv/lib/$lib/${entry##*/}" ;;
+  esac
+done
+for so in "$prefix"/lib/lib*.so*; do
+  if [ -f "$so" ]; then ln -s "$so" "$venv/lib/${so##*/}"; fi
+done
+mkdir -p "$venv/include"
+for inc in "$prefix"/include/python*; do ln -s "$inc" "$venv/include/${inc##*/}"; done
+mv "$venv/pyvenv.cfg" /tmp/pyvenv.cfg
+# The proof: run directly and through a chain of two links from elsewhere, the environment's
+# python is its own prefix and imports its packages (pip is seeded).
+mkdir -p /tmp/standalone/a /tmp/standalone/b
+ln -sfn "$venv/bin/python" /tmp/standalone/a/python
+ln -sfn /tmp/standalone/a/python /tmp/standalone/b/python
+check='import sys, pip; assert sys.prefix == sys.argv[1], (sys.executable, sys.prefix)'
+if "$venv/bin/python" -c "$check" "$venv" && /tmp/standalone/b/python -c "$check" "$venv"; then
+  echo "$venv: a self-contained $lib install"
+  exit 0
+fi
+echo "WARNING: $real does not work as a self-contained install; $venv stays a venv" \
+  "(a link to its python from another directory runs without its packages)"
+find "$venv/lib/$lib" "$venv/lib" "$venv/include" -maxdepth 1 -type l -delete
+rmdir "$venv/include" 2>/dev/null || true
+ln -sfn "$real" "$venv/bin/python"
+ln -sfn python "$venv/bin/python3"
+ln -sfn python "$venv/bin/$lib"
+mv /tmp/pyvenv.cfg "$venv/pyvenv.cfg"
+"$venv/bin/python" -c "$check" "$venv"
+"""
+
+# setuptools majors remove what old setup.py files use (`Feature` in 46, `use_2to3` in 58), and
+# uv builds every source distribution in isolation with the newest setuptools the interpreter
+# supports: astropy 1.3's `markupsafe==1.0` no longer builds. A recipe that pins setuptools
+# (every conda export does) was installed with it (pip built setup.py-only sdists in the
+# environment itself), so its builds get that major line: `setuptools<X+1` for a pin `X.*`,
+# at least 40.x, the first with the PEP 517 backend that uv drives such sdists with. A recipe
+# without a pin is left to uv.
+_SETUPTOOLS_PIN = re.compile(r"^\s*setuptools\s*===?\s*v?(\d+)(?:[.\s;]|$)", re.IGNORECASE)
+_PEP517_SETUPTOOLS_MAJOR = 40
+
+
+def build_constraints(requirements: list[str]) -> list[str]:
+    """Lines of uv's --build-constraints file for a recipe's requirements (see above)."""
+    for line in requirements:
+        m = _SETUPTOOLS_PIN.match(line)
+        if m:
+            return [f"setuptools<{max(int(m[1]), _PEP517_SETUPTOOLS_MAJOR) + 1}\n"]
+    return []
+
+
 # ---------------------------------------------------------------- build work directories
 
 
@@ -736,6 +947,15 @@ def sweep_build_tmp(root: Path) -> list[tuple[Path, int]]:
         if gone:
             removed.append((path, size))
     return removed
+
+
+@functools.cache
+def _builder_code() -> str:
+    """A digest of the code that builds environments: failures it records name it."""
+    digest = hashlib.sha256()
+    for module in ("builder.py", "toolchains.py"):
+        digest.update((Path(__file__).parent / module).read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _uv_binary() -> Path:

@@ -922,6 +922,33 @@ class LayerStore:
                 out[unquote(fname)] = (self.root / "refs" / fname).read_text().strip()
         return out
 
+    # recorded build failures
+
+    def _failure_path(self, name: str) -> Path:
+        return self.root / "failures" / f"{_ref_filename(name)}.json"
+
+    def record_failure(self, name: str, record: dict[str, Any]) -> None:
+        """Record why building `name` failed (atomically replacing an earlier record), so that
+        whoever asks for it next, in any process sharing the store, learns why at once."""
+        (self.root / "failures").mkdir(exist_ok=True)
+        data = json.dumps(record, sort_keys=True).encode()
+        self._write_atomic(self._failure_path(name), data, mode=0o644)
+
+    def failure(self, name: str) -> dict[str, Any] | None:
+        """The recorded failure of `name`, or None (none, or unreadable)."""
+        try:
+            record = json.loads(self._failure_path(name).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) else None
+
+    def clear_failure(self, name: str) -> bool:
+        try:
+            os.unlink(self._failure_path(name))
+            return True
+        except FileNotFoundError:
+            return False
+
     # accounting and maintenance
 
     def _blob_files(self) -> Iterator[tuple[str, Path]]:

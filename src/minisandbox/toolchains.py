@@ -41,6 +41,7 @@ InterpreterKind = Literal["uv", "pyenv", "conda", "system"]
 KIND_PREFERENCE: tuple[InterpreterKind, ...] = get_args(InterpreterKind)
 
 PROBE_TIMEOUT = 10.0
+_UV_OLDEST = (3, 8)  # the oldest Python uv downloads
 UV_TIMEOUT = 10.0
 
 _VERSION = re.compile(r"^(\d+)\.(\d+)(?:\.(\d+))?$")
@@ -282,7 +283,10 @@ def _not_found_message(
         found = f"Found: {listing}."
     else:
         found = "Found no Python interpreter (looked for uv, pyenv, conda and system ones)."
-    return (
-        f"No Python {version} interpreter found{where}. {found} "
-        f"Install one with: uv python install {version}"
-    )
+    m = _VERSION.match(version)
+    if m and (int(m[1]), int(m[2])) < _UV_OLDEST:
+        # uv's managed builds start at 3.8; pyenv still builds older releases from source.
+        how = f"pyenv install {version} (uv provides Python 3.8 and later)"
+    else:
+        how = f"uv python install {version}"
+    return f"No Python {version} interpreter found{where}. {found} Install one with: {how}"
