@@ -191,3 +191,52 @@ def test_os_errors_are_one_line_naming_the_path(tmp_path: Path) -> None:
 def test_eval_refuses_a_run_id_that_is_a_path(tmp_path: Path) -> None:
     r = run_cli("eval", "examples", "-p", "gold", "--run-id", "../escape")
     assert r.returncode == 2 and b"--run-id" in r.stderr and b"'/'" in r.stderr, r.stderr
+
+
+def test_build_progress_on_stderr_per_instance(settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """`build --json` in a store of its own: the instance's phases (building env, building
+    task) and result on stderr, stdout JSON alone; again on a terminal (a live display on
+    stderr), cached; --quiet shows nothing."""
+    env = {
+        **_env_for(settings),
+        "MINISANDBOX_STORE": str(tmp_path / "store"),
+        "MINISANDBOX_CACHE": str(tmp_path / "layers"),
+    }
+    iid = "examples__datekit-1"
+    args = [*CLI, "build", "examples", "-i", iid, "--json"]
+    r = subprocess.run(args, capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["built"] == [iid]  # the whole of stdout
+    lines = [line for line in r.stderr.splitlines() if iid in line]
+    assert lines[:2] == [f"{iid}: building env", f"{iid}: building task"], r.stderr
+    assert len(lines) == 3 and lines[2].startswith(f"[1/1] {iid}: built ("), r.stderr
+
+    # stderr a terminal, stdout a pipe.
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=slave, env=env)
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if not select.select([master], [], [], 1.0)[0]:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the terminal's other end closed: the process is gone
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 0, seen
+    assert json.loads(out)["cached"] == [iid]
+    assert f"[1/1] {iid}: cached (".encode() in seen, seen
+
+    quiet = subprocess.run(
+        [*args, "--quiet"], capture_output=True, text=True, env=env, timeout=600, check=False
+    )
+    assert quiet.returncode == 0 and json.loads(quiet.stdout)["cached"] == [iid]
+    assert iid not in quiet.stderr, quiet.stderr

@@ -384,3 +384,32 @@ def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner) -> 
         from minisandbox.runtime import remove_tree
 
         remove_tree(work)
+
+
+def _progress_lines(stderr: str, iid: str) -> list[str]:
+    return [line for line in stderr.splitlines() if iid in line]
+
+
+def test_eval_progress_on_stderr_per_instance(settings, built, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Each instance's phases and verdict go to stderr, with --json too (stdout stays JSON
+    alone); --quiet leaves stderr without them."""
+    report = tmp_path / "reports"
+    r = _cli(settings, "eval", "examples", "-p", "gold", "--report", str(report), "--json",
+             cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)  # the whole of stdout: nothing else is written there
+    assert summary["resolved_ids"] == EXAMPLES, summary
+    for iid in EXAMPLES:
+        lines = _progress_lines(r.stderr, iid)
+        phases = [line.split(": ", 1)[1] for line in lines[:-1]]
+        assert phases == ["starting sandbox", "running tests"], r.stderr
+        assert lines[-1].startswith("[") and f"{iid}: resolved (" in lines[-1], r.stderr
+    counts = sorted(line.split("]")[0] for line in r.stderr.splitlines() if line.startswith("["))
+    assert counts == ["[1/3", "[2/3", "[3/3"], r.stderr
+
+    quiet = _cli(settings, "eval", "examples", "-p", "empty", "-i", EXAMPLES[0], "--report",
+                 str(report), "--json", "--quiet", cwd=tmp_path)  # fmt: skip
+    assert quiet.returncode == 0, quiet.stderr
+    assert json.loads(quiet.stdout)["unresolved_ids"] == [EXAMPLES[0]]
+    # (swebench, once imported, logs to stderr at INFO level: not ours to silence here)
+    assert EXAMPLES[0] not in quiet.stderr and "running tests" not in quiet.stderr, quiet.stderr

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
-    from rich.console import Console
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
     from .builder import Builder, BuildResult
     from .config import SandboxConfig
@@ -273,6 +272,9 @@ MirrorOpt = typer.Option(
 )
 EnvsOpt = typer.Option(
     None, "--envs-dir", help="Per-instance conda environment exports (<instance_id>.yml)."
+)
+QuietOpt = typer.Option(
+    False, "--quiet", "-q", help="No progress on stderr (each instance's phases and verdict)."
 )
 IdsOpt = typer.Option(None, "--instance-ids", "-i", help="Only these tasks (repeatable).")
 AbsPathsOpt = typer.Option(
@@ -619,7 +621,10 @@ def build(
     mirror: Path = MirrorOpt,
     envs_dir: Path = EnvsOpt,
     force: bool = typer.Option(
-        False, "--force", help="Rebuild layers already in the store (and re-validate)."
+        False,
+        "--force",
+        help="Rebuild layers already in the store, and environments whose recorded build "
+        "failure makes their tasks fail at once (and re-validate).",
     ),
     validate: bool = typer.Option(
         False,
@@ -628,6 +633,7 @@ def build(
         "The verdict is recorded in the store; exit 1 when a task fails.",
     ),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+    quiet: bool = QuietOpt,
     allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Build the environment and task layers of a dataset's tasks into the layer store.
@@ -641,11 +647,13 @@ def build(
         builder = _builder(tasks, store, cache, mirror)
 
         async def run() -> tuple[list[BuildResult], dict[str, Validation]]:
-            results = await _build_all(builder, loaded, jobs, force, quiet=json_out)
+            with _Progress("building", len(loaded), quiet) as progress:
+                results = await _build_all(builder, loaded, jobs, force, progress)
             verdicts: dict[str, Validation] = {}
             if validate:
                 ok = [t for t, r in zip(loaded, results, strict=True) if r.status != "failed"]
-                verdicts = await _validate_all(builder, ok, jobs, force, quiet=json_out)
+                with _Progress("validating", len(ok), quiet) as progress:
+                    verdicts = await _validate_all(builder, ok, jobs, force, progress)
             return results, verdicts
 
         results, verdicts = _run(run())
@@ -669,59 +677,123 @@ def build(
     raise typer.Exit(1 if failed or invalid else 0)
 
 
-def _progress(console: Console, quiet: bool) -> Progress:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+class _Progress:
+    """Progress on stderr (stdout is for results, `--json`'s included), one entry per
+    instance: on a terminal, a live row per instance in flight (its phase and time) under an
+    overall bar, and a line as each one finishes; elsewhere (a pipe, a log file) a line per
+    phase and per finished instance. Nothing when `quiet`."""
 
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=quiet,
-    )
+    def __init__(self, what: str, total: int, quiet: bool) -> None:
+        from rich.console import Console
+
+        self.total, self.quiet, self.finished = total, quiet, 0
+        self.console = Console(stderr=True, highlight=False)
+        self._began: dict[str, float] = {}
+        self._rows: dict[str, TaskID] = {}
+        self._live: Progress | None = None
+        if not quiet and self.console.is_terminal:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._live = Progress(
+                TextColumn("{task.description}", markup=False),
+                BarColumn(),
+                TextColumn("{task.fields[count]}"),
+                TimeElapsedColumn(),
+                console=self.console,
+            )
+            self._overall = self._live.add_task(what, total=total, count=f"0/{total}")
+
+    def __enter__(self) -> _Progress:
+        if self._live is not None:
+            self._live.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._live is not None:
+            self._live.stop()
+
+    def phase(self, task_id: str, phase: str) -> None:
+        """`task_id` is now at `phase` (an `on_phase` hook of the builder and evaluator)."""
+        if self.quiet:
+            return
+        self._began.setdefault(task_id, time.monotonic())
+        text = f"{task_id}: {phase}"
+        if self._live is None:
+            self.console.print(text, markup=False, soft_wrap=True)
+        elif task_id in self._rows:
+            self._live.update(self._rows[task_id], description=text)
+        else:
+            self._rows[task_id] = self._live.add_task(text, total=None, count="")
+
+    def done(self, task_id: str, verdict: str) -> None:
+        """`task_id` finished with `verdict` (its first line is shown)."""
+        if self.quiet:
+            return
+        self.finished += 1
+        seconds = time.monotonic() - self._began.pop(task_id, time.monotonic())
+        first = verdict.splitlines()[0] if verdict else ""
+        text = f"[{self.finished}/{self.total}] {task_id}: {first} ({seconds:.1f} s)"
+        if self._live is None:
+            self.console.print(text, markup=False, soft_wrap=True)
+            return
+        row = self._rows.pop(task_id, None)
+        if row is not None:
+            self._live.remove_task(row)
+        self._live.console.print(text, markup=False, soft_wrap=True)
+        self._live.update(
+            self._overall, advance=1, count=f"{self.finished}/{self.total}", refresh=True
+        )
+
+
+def _build_verdict(r: BuildResult) -> str:
+    return f"failed: {r.error}" if r.status == "failed" else r.status
 
 
 async def _build_all(
-    builder: Builder, tasks: list[Task], jobs: int, force: bool, quiet: bool
+    builder: Builder,
+    tasks: list[Task],
+    jobs: int,
+    force: bool,
+    progress: _Progress,
+    *,
+    final: bool = True,
 ) -> list[BuildResult]:
-    from rich.console import Console
-
+    """Build `tasks`, `jobs` at a time, reporting each one's phases to `progress` (and its
+    result as its last entry when `final`, else only failures)."""
     limit = asyncio.Semaphore(max(1, jobs))
-    with _progress(Console(stderr=quiet), quiet) as progress:
-        overall = progress.add_task("building", total=len(tasks))
 
-        async def one(task: Task) -> BuildResult:
-            async with limit:
-                result = await builder.build(task, force=force)
-            progress.advance(overall)
-            return result
+    async def one(task: Task) -> BuildResult:
+        async with limit:
+            result = await builder.build(task, force=force, on_phase=progress.phase)
+        if final:
+            progress.done(task.id, _build_verdict(result))
+        elif result.status == "failed":
+            progress.done(task.id, f"error: building the task failed: {result.error}")
+        return result
 
-        return await _all_or_none(one(t) for t in tasks)
+    return await _all_or_none(one(t) for t in tasks)
 
 
 async def _validate_all(
-    builder: Builder, tasks: list[Task], jobs: int, force: bool, quiet: bool
+    builder: Builder, tasks: list[Task], jobs: int, force: bool, progress: _Progress
 ) -> dict[str, Validation]:
-    from rich.console import Console
-
     from .errors import MiniSandboxError
     from .validation import validate
 
     limit = asyncio.Semaphore(max(1, jobs))
     verdicts: dict[str, Validation] = {}
-    with _progress(Console(stderr=quiet), quiet) as progress:
-        overall = progress.add_task("validating", total=len(tasks))
 
-        async def one(task: Task) -> None:
-            async with limit:
-                try:
-                    verdicts[task.id] = await validate(builder, task, force=force)
-                except MiniSandboxError as e:
-                    verdicts[task.id] = _unvalidated(task, str(e))
-            progress.advance(overall)
+    async def one(task: Task) -> None:
+        async with limit:
+            progress.phase(task.id, "validating")
+            try:
+                verdicts[task.id] = await validate(builder, task, force=force)
+            except MiniSandboxError as e:
+                verdicts[task.id] = _unvalidated(task, str(e))
+        v = verdicts[task.id]
+        progress.done(task.id, "valid" if v.valid else f"invalid: {v.reason}")
 
-        await _all_or_none(one(t) for t in tasks)
+    await _all_or_none(one(t) for t in tasks)
     return verdicts
 
 
@@ -785,6 +857,7 @@ def eval_(
     mirror: Path = MirrorOpt,
     envs_dir: Path = EnvsOpt,
     json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+    quiet: bool = QuietOpt,
     allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Evaluate predicted patches as SWE-bench's harness does, each in a fresh task sandbox.
@@ -831,9 +904,7 @@ def eval_(
             raise PredictionsError(f"no tasks to evaluate in {tasks}")
         builder = _builder(tasks, store, cache, mirror)
         _check_writable(report_dir)  # before hours of evaluation, not after
-        results = _run(
-            _eval_all(builder, loaded, preds, report_dir, jobs, timeout, json_out, written)
-        )
+        results = _run(_eval_all(builder, loaded, preds, report_dir, jobs, timeout, quiet, written))
         _eval_summary(loaded, preds, results, report_dir, run_id, json_out)
     except MiniSandboxError as e:
         _fail(str(e))
@@ -864,19 +935,35 @@ async def _eval_all(
 ) -> dict[str, EvalResult]:
     """Build, then evaluate, writing each instance's report as soon as it is known (into
     `written`, the ids whose report is complete). The first failed write stops the run: the
-    running evaluations are cancelled (their sandboxes stopped), and the OSError is raised."""
-    from rich.console import Console
+    running evaluations are cancelled (their sandboxes stopped), and the OSError is raised.
+    Each instance's phases and verdict go to stderr unless `quiet`."""
+    todo = [t for t in tasks if t.id in preds]
+    with _Progress("evaluating", len(todo), quiet) as progress:
+        return await _build_and_eval(
+            builder, todo, preds, report_dir, jobs, timeout, written, progress
+        )
 
+
+async def _build_and_eval(
+    builder: Builder,
+    todo: list[Task],
+    preds: dict[str, Prediction],
+    report_dir: Path,
+    jobs: int,
+    timeout: float,
+    written: list[str],
+    progress: _Progress,
+) -> dict[str, EvalResult]:
     from .evaluation import EvalResult, Evaluator, evaluate_many
     from .predictions import write_instance_report
 
-    todo = [t for t in tasks if t.id in preds]
-    builds = await _build_all(builder, todo, jobs, False, quiet=quiet)
+    builds = await _build_all(builder, todo, jobs, False, progress, final=False)
     results: dict[str, EvalResult] = {}
     ready = []
     for t, b in zip(todo, builds, strict=True):
         if b.status == "failed":
-            reason = f"building the task failed: {(b.error or '').splitlines()[0][:300]}"
+            # Whole: a failed step's error ends with the last lines of its log.
+            reason = f"building the task failed: {(b.error or '')[:4000]}"
             results[t.id] = EvalResult(
                 instance_id=t.id, status="error", resolved=False, reward=0.0, reason=reason
             )
@@ -890,19 +977,17 @@ async def _eval_all(
 
     for r in results.values():
         write(r)
-    with _progress(Console(stderr=quiet), quiet) as progress:
-        overall = progress.add_task("evaluating", total=len(todo), completed=len(results))
 
-        def done(r: EvalResult) -> None:
-            write(r)
-            progress.advance(overall)
+    def done(r: EvalResult) -> None:
+        write(r)
+        progress.done(r.instance_id, f"{r.status}: {r.reason}" if r.reason else r.status)
 
-        evaluated = await evaluate_many(
-            Evaluator(builder, timeout=timeout),
-            [(t, preds[t.id].model_patch) for t in ready],
-            jobs=jobs,
-            on_done=done,
-        )
+    evaluated = await evaluate_many(
+        Evaluator(builder, timeout=timeout, on_phase=progress.phase),
+        [(t, preds[t.id].model_patch) for t in ready],
+        jobs=jobs,
+        on_done=done,
+    )
     results.update({r.instance_id: r for r in evaluated})
     return {t.id: results[t.id] for t in todo}  # in the dataset's order
 

@@ -250,11 +250,19 @@ def make_eval_script(task: Task) -> str:
 
 
 class Evaluator:
-    """Evaluates patches for tasks, each in a fresh sandbox of its task."""
+    """Evaluates patches for tasks, each in a fresh sandbox of its task. `on_phase(task_id,
+    phase)` is told "starting sandbox" and "running tests" (for progress displays)."""
 
-    def __init__(self, builder: Builder | None = None, *, timeout: float = DEFAULT_TIMEOUT):
+    def __init__(
+        self,
+        builder: Builder | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        on_phase: Callable[[str, str], None] | None = None,
+    ):
         self.builder = builder or Builder()
         self.timeout = timeout
+        self.on_phase = on_phase
 
     async def evaluate(self, task: Task, patch: str | None) -> EvalResult:
         began = time.monotonic()
@@ -263,7 +271,11 @@ class Evaluator:
             instance_id=task.id, status="error", resolved=False, reward=0.0, empty_patch=empty
         )
         try:
+            if self.on_phase is not None:
+                self.on_phase(task.id, "starting sandbox")
             async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
+                if self.on_phase is not None:
+                    self.on_phase(task.id, "running tests")
                 await self._run(sb, task, patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
