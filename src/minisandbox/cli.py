@@ -14,12 +14,14 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
+
+from .aio import all_or_none
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
     from rich.progress import Progress, TaskID
@@ -233,26 +235,6 @@ async def _drain(me: asyncio.Task[Any] | None) -> None:
     for t in rest:
         if t.done() and not t.cancelled():
             t.exception()  # retrieved: the command reports the error that ended it
-
-
-async def _all_or_none(coros: Iterable[Awaitable[T]]) -> list[T]:
-    """Like gather, but the first exception (or our cancellation) cancels and awaits all the
-    others before it is raised: no task is left running (holding a sandbox, a build lock or a
-    thread) for asyncio.run to wait on after an error."""
-    tasks = [asyncio.ensure_future(c) for c in coros]
-    first: BaseException | None = None
-    try:
-        if tasks:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [t for t in tasks if t in done and not t.cancelled() and t.exception()]
-            first = failed[0].exception() if failed else None
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    if first is not None:
-        raise first
-    return [t.result() for t in tasks]
 
 
 TasksArg = typer.Argument(
@@ -480,7 +462,7 @@ async def _demo_tasks(builder: Builder) -> None:
     console = Console()
     tasks = load_tasks("examples")
     with console.status("building the example tasks (once; later runs reuse the layers)"):
-        results = await _all_or_none(builder.build(t) for t in tasks)
+        results = await all_or_none(builder.build(t) for t in tasks)
     for r in results:
         if r.status == "failed":
             raise typer.BadParameter(f"building {r.task_id} failed: {r.error}")
@@ -513,7 +495,7 @@ async def _demo_tasks(builder: Builder) -> None:
             f"{gold.duration_s:.2f}",
         ]
 
-    for row in await _all_or_none(run(t, r) for t, r in zip(tasks, results, strict=True)):
+    for row in await all_or_none(run(t, r) for t, r in zip(tasks, results, strict=True)):
         table.add_row(*row)
     console.print(table)
 
@@ -553,7 +535,7 @@ async def _demo(n: int) -> None:
                 state.output.strip(),
             ]
 
-    rows = await _all_or_none(one(i) for i in range(n))
+    rows = await all_or_none(one(i) for i in range(n))
     for row in rows:
         table.add_row(*row)
     console.print(table)
@@ -771,7 +753,7 @@ async def _build_all(
             progress.done(task.id, f"error: building the task failed: {result.error}")
         return result
 
-    return await _all_or_none(one(t) for t in tasks)
+    return await all_or_none(one(t) for t in tasks)
 
 
 async def _validate_all(
@@ -793,7 +775,7 @@ async def _validate_all(
         v = verdicts[task.id]
         progress.done(task.id, "valid" if v.valid else f"invalid: {v.reason}")
 
-    await _all_or_none(one(t) for t in tasks)
+    await all_or_none(one(t) for t in tasks)
     return verdicts
 
 

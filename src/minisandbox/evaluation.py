@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from .aio import all_or_none
 from .builder import WHEELHOUSE, Builder
 from .errors import CommandTimeoutError, MiniSandboxError, SandboxFileError
 from .sandbox import Sandbox
@@ -376,18 +377,4 @@ async def evaluate_many(
             on_done(r)
         return r
 
-    runs = [asyncio.ensure_future(one(t, p)) for t, p in items]
-    first: BaseException | None = None
-    try:
-        if runs:
-            done, _ = await asyncio.wait(runs, return_when=asyncio.FIRST_EXCEPTION)
-            failed = [r for r in runs if r in done and not r.cancelled() and r.exception()]
-            first = failed[0].exception() if failed else None
-    finally:
-        # All done, or the first exception, or we are cancelled: nothing may outlive us.
-        for run in runs:
-            run.cancel()
-        await asyncio.gather(*runs, return_exceptions=True)
-    if first is not None:
-        raise first
-    return [r.result() for r in runs]
+    return await all_or_none(one(t, p) for t, p in items)
