@@ -211,3 +211,42 @@ def test_base_on_a_cut_point_and_moved_tags(tmp_path: Path) -> None:
         assert object_counts(dest)[1] == 0, f"task {n}: the old tag object is unreachable"
         peeled = git(dest, "rev-parse", "v0.1^{commit}")
         assert peeled == ids[5]
+
+
+def test_gold_version_in_the_past_is_not_a_leak(tmp_path: Path) -> None:
+    """A fix that restores an earlier version of a file: that blob is in the base commit's own
+    history, which an agent may read; only a gold blob outside HEAD's history is a leak."""
+    script = Path(__file__).parent.parent / "src/minisandbox/data/check_history.sh"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "--initial-branch=main")
+    (repo / "a.py").write_text("good = True\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "good")
+    (repo / "a.py").write_text("good = False\n")
+    git(repo, "commit", "-q", "-am", "the bug")
+    (tmp_path / "revert.patch").write_text(
+        "--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-good = False\n+good = True\n"
+    )
+    (tmp_path / "new.patch").write_text(
+        "--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-good = False\n+good = 'fixed'\n"
+    )
+
+    def check(patch: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(script), str(repo), str(tmp_path / patch), "a.py"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **_ID},
+        )
+
+    r = check("revert.patch")
+    assert "gold" not in r.stdout and "in HEAD's own history" in r.stderr, (r.stdout, r.stderr)
+    # The same check finds a gold version that only a later commit holds (positive control).
+    git(repo, "checkout", "-q", "-b", "fix")
+    (repo / "a.py").write_text("good = 'fixed'\n")
+    git(repo, "commit", "-q", "-am", "the fix")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "branch", "-D", "fix")  # unreachable now, as a pruned-away future would be
+    r = check("new.patch")
+    assert "the gold patch's version of a.py" in r.stdout, (r.stdout, r.stderr)

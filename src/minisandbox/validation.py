@@ -53,6 +53,9 @@ class HistoryCheck(BaseModel):
     problems: list[str] = Field(default_factory=list, description="empty: only the past")
     objects: int = 0
     unreachable_objects: int = 0
+    notes: list[str] = Field(
+        default_factory=list, description="e.g. a gold version that HEAD's own history holds"
+    )
 
 
 class Validation(BaseModel):
@@ -148,9 +151,12 @@ async def check_history(builder: Builder, task: Task) -> HistoryCheck:
             ["/bin/bash", "/tmp/.msb-check-history.sh", "/testbed", "/tmp/.msb-gold.patch", *files],
             timeout=1800,
         )
-    counts = r.stderr.split()
     check = HistoryCheck(problems=[line for line in r.stdout.splitlines() if line.strip()])
-    if len(counts) >= 4 and counts[0] == "objects" and counts[1].isdigit() and counts[3].isdigit():
+    check.notes = [line[6:] for line in r.stderr.splitlines() if line.startswith("note: ")]
+    counts = next(
+        (line.split() for line in r.stderr.splitlines() if line.startswith("objects ")), []
+    )
+    if len(counts) == 4 and counts[1].isdigit() and counts[3].isdigit():
         check.objects, check.unreachable_objects = int(counts[1]), int(counts[3])
     elif r.exit_code != 0 or not check.problems:
         check.problems.append(f"the history check did not run: {r.output.strip()[-300:]}")
