@@ -698,6 +698,10 @@ class Builder:
             f"python -m pip download -q -d {WHEELHOUSE} -r /tmp/build-requires.txt; fi",
         )
 
+    def _collect(self, upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> None:
+        """`_collect` for the layer kinds built elsewhere (the tools layers of services.py)."""
+        _collect(upper, path, layer_dir, what, logs)
+
     def _log_dir(self, name: str) -> Path:
         path = self.settings.logs / name.replace("/", "_")
         path.mkdir(parents=True, exist_ok=True)

@@ -167,8 +167,6 @@ async def build_tools_layer(builder: Builder, service: str, interp: Interpreter)
         return existing
 
     async def make() -> str:
-        from .builder import _collect  # (builder imports this module)
-
         # The builder's own steps: a build sandbox with the network, logged.
         venv = f"{TOOLS_ROOT}/{service}"
         logs = builder._log_dir(ref)
@@ -189,7 +187,7 @@ async def build_tools_layer(builder: Builder, service: str, interp: Interpreter)
                 )
             layer_dir = work / "layer"
             (layer_dir / TOOLS_ROOT.lstrip("/")).mkdir(parents=True)
-            _collect(upper, venv, layer_dir, ref, logs)  # refuses a link planted in the upper
+            builder._collect(upper, venv, layer_dir, ref, logs)  # refuses a planted link
             meta = {"kind": "tools", "service": service}
             return await builder._publish(ref, layer_dir, meta, interp, logs, [])
 
