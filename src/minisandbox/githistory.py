@@ -13,9 +13,12 @@ already-built task of the same stretch (an ancestor: its packs are ours too) up 
 Packs are plain files, identical across the tasks that share them, so the layer store keeps each
 once; they are kept, for later builds, in a pack cache beside the store.
 
-The check (`check_only_past`) proves it for a built checkout: every object is reachable from the
-allowed refs, the refs are HEAD's branch and ancestor tags only, there is no reflog, stash, remote,
-FETCH_HEAD or ORIG_HEAD, and none of the blobs the gold patch creates is present.
+The check that proves it for a built task is `data/check_history.sh`, run by validation inside the
+task's sandbox (as an agent's git sees the repository): every object is reachable from the
+allowed refs, the refs are HEAD's branch and ancestor tags only, there is no reflog, stash,
+remote, FETCH_HEAD or ORIG_HEAD, and no blob the gold patch creates is present outside HEAD's
+history. `object_counts` counts the first of these on the host, for checkouts the host made
+itself (tests).
 """
 
 from __future__ import annotations
@@ -202,9 +205,10 @@ def resolve_commit(source: str | Path, rev: str) -> str:
     return full.strip()
 
 
-def plan_packs(source: str | Path, base: str, cache: PackCache) -> list[str]:
+def plan_packs(source: str | Path, base: str, cache: PackCache) -> tuple[list[str], dict[str, str]]:
     """The packs (made where missing) that together hold exactly what `base` and its ancestor
-    tags reach. Raises HistoryError when `source` lacks the commit or is shallow."""
+    tags reach, and those tags (name -> object), as read once under the cache's lock. Raises
+    HistoryError when `source` lacks the commit or is shallow."""
     base = resolve_commit(source, base)
     if _git(source, "rev-parse", "--is-shallow-repository").strip() == "true":
         raise HistoryError(f"{source} is a shallow clone: the history of {base} is incomplete")
@@ -214,7 +218,7 @@ def plan_packs(source: str | Path, base: str, cache: PackCache) -> list[str]:
         # Reused only while the repository's tags are what they were: a tag moved or deleted
         # since would leave its old object in the packs, unreachable.
         if done is not None and done.get("tags") == tags:
-            return list(done["packs"])
+            return list(done["packs"]), tags
         firsts = _first_parents(source, base)
         packs: list[str] = []
         cut: str | None = None
@@ -243,7 +247,7 @@ def plan_packs(source: str | Path, base: str, cache: PackCache) -> list[str]:
         revs = [base, *tag_refs, *([f"^{start}"] if start else [])]
         packs = [*start_packs, cache.make_pack(source, revs)]
         cache.save_chain(base, packs, cut, len(firsts), tags)
-        return packs
+        return packs, tags
 
 
 def checkout_past(
@@ -252,8 +256,8 @@ def checkout_past(
     """A new repository at `dest` on `branch` at `base`, its work tree checked out, holding
     only the past of `base` (see the module docstring). `source` is a local repository."""
     base = resolve_commit(source, base)
-    packs = plan_packs(source, base, cache)
-    tags = ancestor_tags(source, base)
+    # The tags written as refs are the ones the packs hold (read once: one may move meanwhile).
+    packs, tags = plan_packs(source, base, cache)
     _git(dest.parent, "init", "-q", "--template=", f"--initial-branch={branch}", str(dest))
     _git(dest, "config", "core.logAllRefUpdates", "false")
     pack_dir = dest / ".git" / "objects" / "pack"
@@ -288,81 +292,6 @@ def _settle_mtimes(dest: Path) -> None:
             os.utime(
                 os.path.join(dirpath, name), (CHECKOUT_MTIME, CHECKOUT_MTIME), follow_symlinks=False
             )
-
-
-def _gold_blobs(testbed: Path, gold_patch: str) -> set[str]:
-    """The blob ids of the files as the gold patch leaves them (computed outside the repo: nothing
-    is written to its object database)."""
-    from .specs import files_in_patch
-
-    blobs = set()
-    with tempfile.TemporaryDirectory(prefix="msb-gold-") as tmp:
-        work = Path(tmp)
-        for rel in files_in_patch(gold_patch):
-            content = subprocess.run(
-                ["git", "-C", str(testbed), "show", f"HEAD:{rel}"],
-                capture_output=True,
-                env={**os.environ, **_GIT_ENV},
-                check=False,
-            )
-            if content.returncode == 0:
-                (work / rel).parent.mkdir(parents=True, exist_ok=True)
-                (work / rel).write_bytes(content.stdout)
-        (work / "gold.patch").write_text(gold_patch)
-        r = subprocess.run(
-            ["git", "apply", "--unsafe-paths", "--directory=.", "gold.patch"],
-            cwd=work,
-            capture_output=True,
-            env={**os.environ, **_GIT_ENV},
-            check=False,
-        )
-        if r.returncode != 0:
-            r = subprocess.run(
-                ["patch", "-p1", "--batch", "-i", "gold.patch"], cwd=work, capture_output=True
-            )
-        for rel in files_in_patch(gold_patch):
-            if (work / rel).is_file():
-                blobs.add(_git(work, "hash-object", "--no-filters", str(work / rel)).strip())
-    return blobs
-
-
-def check_only_past(testbed: Path, gold_patch: str | None = None) -> list[str]:
-    """Problems that would let an agent reach the future from `testbed` (empty: none)."""
-    problems: list[str] = []
-    git_dir = testbed / ".git"
-    head = _git(testbed, "rev-parse", "HEAD").strip()
-    refs = _git(testbed, "for-each-ref", "--format=%(refname) %(objectname) %(*objectname)")
-    for line in refs.splitlines():
-        name, oid, *peeled = line.split(" ")
-        target = peeled[0] if peeled and peeled[0] else oid
-        if name.startswith("refs/heads/"):
-            if oid != head:
-                problems.append(f"branch {name} points at {oid}, not HEAD {head}")
-        elif name.startswith("refs/tags/"):
-            if not _is_ancestor(testbed, target, head):
-                problems.append(f"tag {name} points at {target}, not an ancestor of HEAD")
-        else:
-            problems.append(f"ref {name} is neither HEAD's branch nor a tag")
-    for extra in ("logs", "ORIG_HEAD", "FETCH_HEAD", "refs/stash", "objects/info/alternates"):
-        if (git_dir / extra).exists():
-            problems.append(f".git/{extra} exists")
-    if _git(testbed, "remote").strip():
-        problems.append(f"remotes configured: {_git(testbed, 'remote').split()}")
-    every = set(
-        _git(testbed, "cat-file", "--batch-all-objects", "--batch-check=%(objectname)").split()
-    )
-    reachable = {
-        line.split(" ", 1)[0]
-        for line in _git(testbed, "rev-list", "--objects", "--all").splitlines()
-    }
-    unreachable = every - reachable
-    if unreachable:
-        problems.append(f"{len(unreachable)} unreachable objects (e.g. {sorted(unreachable)[0]})")
-    if gold_patch:
-        present = sorted(b for b in _gold_blobs(testbed, gold_patch) if b in every)
-        if present:
-            problems.append(f"blobs of the gold patch are present: {', '.join(present)}")
-    return problems
 
 
 def object_counts(testbed: Path) -> tuple[int, int]:
