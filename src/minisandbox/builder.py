@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, Field
 
-from . import githistory, safefs
+from . import githistory, relax, safefs
 from .budget import LocalIOBudget
 from .compat import compat_layer
 from .config import GiB, Limits, SandboxConfig
@@ -198,6 +198,8 @@ class BuildResult(BaseModel):
     built_layers: list[str] = []  # the refs this build made (the others were in the store)
     step: str | None = None  # the build step that failed
     recorded_failure: bool = False  # failed at once: the environment's failure was recorded
+    # The recipe's pins its environment relaxed to resolve (relax.py): none for most recipes.
+    relaxed: list[relax.Relaxation] = []
 
 
 class Builder:
@@ -232,7 +234,13 @@ class Builder:
         return self._interpreters[task.env.python]
 
     def env_ref(self, task: Task) -> str:
-        return f"env/{_ENV_FORMAT}-{task.env.key(self.interpreter(task).version)}"
+        key = task.env.key(self.interpreter(task).version)
+        if task.environment_setup_commit:
+            # A recipe whose pins conflict is relaxed by what the repository imports there
+            # (relax.py): part of what the layer holds, so part of its name.
+            origin = f"{key}\0{task.repo}@{task.environment_setup_commit}"
+            key = hashlib.sha256(origin.encode()).hexdigest()
+        return f"env/{_ENV_FORMAT}-{key}"
 
     def task_ref(self, task: Task, env_layer: str) -> str:
         spec = {
@@ -325,7 +333,13 @@ class Builder:
             env_layer=env_layer,
             task_layer=task_layer,
             seconds=time.monotonic() - began,
+            relaxed=self.relaxed(env_layer),
         )
+
+    def relaxed(self, env_layer: str) -> list[relax.Relaxation]:
+        """The pins an environment layer relaxed (recorded in its metadata at build)."""
+        meta = self.store.meta(env_layer) or {}
+        return [relax.Relaxation.model_validate(r) for r in meta.get("relaxed") or []]
 
     @contextlib.asynccontextmanager
     async def _lock(self, name: str) -> AsyncIterator[None]:
@@ -435,23 +449,17 @@ class Builder:
                 await sb.write_file("/tmp/standalone.sh", _STANDALONE)
                 args = " ".join(shlex.quote(str(a)) for a in (VENV, interp.prefix))
                 await self._step(sb, ref, logs, "layout", f"bash /tmp/standalone.sh {args}")
-                reqs = "\n".join(task.env.requirements) + "\n"
-                await sb.write_file("/tmp/requirements.txt", reqs)
                 await sb.write_file("/tmp/build-constraints.txt", "".join(constraints))
+                relaxed: list[relax.Relaxation] = []
                 if task.env.requirements:
-                    options = " ".join(task.env.pip_options)
-                    # No --compile-bytecode: uv's compiler needs Python >= 3.7 (3.6 has no
-                    # py_compile.PycInvalidationMode); the interpreter's own compileall below
-                    # works on every version.
-                    await self._step(
-                        sb,
-                        ref,
-                        logs,
-                        "requirements",
-                        f"uv pip install --python {VENV}/bin/python --link-mode copy "
-                        f"--build-constraints /tmp/build-constraints.txt {options} "
-                        "-r /tmp/requirements.txt",
-                    )
+                    try:
+                        await self._install(sb, ref, logs, task, task.env.requirements, [])
+                    except BuildError as e:
+                        relaxer = await self._relax(sb, ref, logs, task, e)
+                        relaxed = relaxer.steps
+                        await self._install(
+                            sb, ref, logs, task, relaxer.requirements(), relaxer.uv_options()
+                        )
                 # Bytecode now, once: otherwise the first import or pip run of every task
                 # writes its own copy of the environment's .pyc files into its task layer.
                 # Only site-packages: the standard library is the interpreter's (read-only).
@@ -470,8 +478,102 @@ class Builder:
                 "kind": "env",
                 "recipe": task.env.model_dump(),
                 "build_constraints": [line.strip() for line in constraints],
+                "relaxed": [r.model_dump() for r in relaxed],
             }
             return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
+
+    async def _install(
+        self,
+        sb: Sandbox,
+        ref: str,
+        logs: Path,
+        task: Task,
+        requirements: list[str],
+        uv_options: list[str],
+    ) -> None:
+        """Install `requirements` into the venv (the "requirements" step)."""
+        await sb.write_file("/tmp/requirements.txt", "\n".join(requirements) + "\n")
+        options = " ".join([*task.env.pip_options, *map(shlex.quote, uv_options)])
+        # No --compile-bytecode: uv's compiler needs Python >= 3.7 (3.6 has no
+        # py_compile.PycInvalidationMode); the interpreter's own compileall (the bytecode
+        # step) works on every version.
+        await self._step(
+            sb,
+            ref,
+            logs,
+            "requirements",
+            f"uv pip install --python {VENV}/bin/python --link-mode copy "
+            f"--build-constraints /tmp/build-constraints.txt {options} "
+            "-r /tmp/requirements.txt",
+        )
+
+    async def _relax(
+        self, sb: Sandbox, ref: str, logs: Path, task: Task, strict: BuildError
+    ) -> relax.Relaxer:
+        """Relax the recipe's pins until uv resolves them (relax.py), after the strict install
+        failed with `strict`; every round is logged to resolve.log.
+
+        Raises:
+            BuildError: `strict` itself when its error is no conflict among the recipe's pins (a
+                missing package, a failed source build); at step "resolve", when no pin is left
+                to relax or uv fails otherwise.
+        """
+        error = strict.log.read_text(errors="replace")
+        if relax.UNSATISFIABLE not in error:
+            raise strict
+        imported, date = await asyncio.to_thread(self._environment_imports, task, logs)
+        relaxer = relax.Relaxer(task.env.requirements, imported, date)
+        try:
+            relaxer.step(error)
+        except relax.RelaxationFailed:
+            raise strict from None
+        log = logs / "resolve.log"
+        with log.open("w") as out:
+            out.write(
+                f"# the strict install failed:\n{error}\n"
+                f"# relaxing pins: the repository imports {len(imported)} top-level names at "
+                f"{task.environment_setup_commit}; date bound {date}\n"
+            )
+            while True:
+                step = relaxer.steps[-1]
+                out.write(f"# relaxed {step.package} ({step.pinned}): {step.rung}\n")
+                out.flush()
+                await sb.write_file("/tmp/requirements.txt", "\n".join(relaxer.requirements()))
+                options = " ".join([*task.env.pip_options, *map(shlex.quote, relaxer.uv_options())])
+                command = (
+                    f"uv pip compile --python {VENV}/bin/python --quiet "
+                    f"--build-constraints /tmp/build-constraints.txt {options} "
+                    "/tmp/requirements.txt -o /tmp/resolved.txt"
+                )
+                result = await sb.execute(["/bin/bash", "-c", command], merge_stderr=True)
+                out.write(f"$ {command}\n{result.stdout}\n[exit code {result.exit_code}]\n")
+                if result.exit_code == 0:
+                    return relaxer
+                if relax.UNSATISFIABLE not in result.stdout:
+                    tail = "\n".join(result.stdout.strip().splitlines()[-15:])
+                    raise BuildError(ref, "resolve", log, f":\n{tail}")
+                try:
+                    relaxer.step(result.stdout)
+                except relax.RelaxationFailed as e:
+                    raise BuildError(ref, "resolve", log, f": {e}") from None
+
+    def _environment_imports(self, task: Task, logs: Path) -> tuple[frozenset[str], str | None]:
+        """What the repository imports at its environment commit, and that commit's date
+        (relax.py's priorities and date bound); nothing known without that commit."""
+        commit = task.environment_setup_commit
+        if not commit:
+            return frozenset(), None
+        source = self._repo_source(task, logs / "resolve-source.log", commits=[commit])
+
+        def git(*args: str) -> str:
+            r = subprocess.run(
+                ["git", "-C", str(source), *args], capture_output=True, text=True, check=False
+            )
+            return r.stdout
+
+        grep = git("grep", "-h", "-I", "-E", r"^\s*(import|from)\s", commit, "--", "*.py")
+        date = git("log", "-1", "--format=%cI", commit).strip() or None
+        return relax.imported_names([grep]), date
 
     async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
         ref = self.task_ref(task, env_layer)
@@ -576,21 +678,9 @@ class Builder:
     def _checkout(self, task: Task, dest: Path, logs: Path) -> None:
         """The repository at its base commit holding only its past (see `githistory`): no
         object, ref, reflog or remote from after it, so an agent cannot find the fix."""
-        s = self.settings
         name = task.repo.replace("/", "__")
         log = logs / "checkout.log"
-        if s.git_mirror is not None and (s.git_mirror / name).is_dir():
-            source = s.git_mirror / name
-        elif task.source == "examples":  # the bundled tasks' repositories come with the package
-            from .examples import materialize_mirror
-
-            source = materialize_mirror(s.store.parent / "examples-mirror") / name
-        elif s.git_mirror is not None:
-            raise BuildError(
-                task.id, "checkout", log, f": no mirror of {task.repo} at {s.git_mirror / name}"
-            )
-        else:
-            source = self._git_cache(task, name, log)
+        source = self._repo_source(task, log, commits=[task.base_commit])
         try:
             githistory.checkout_past(
                 source, task.base_commit, dest, githistory.PackCache(self._packs_dir(name))
@@ -598,42 +688,92 @@ class Builder:
         except githistory.HistoryError as e:
             log.write_text(f"{task.repo} at {task.base_commit}: {e}\n")
             raise BuildError(task.id, "checkout", log, f": {task.repo}: {e}") from None
+        for sub in githistory.submodules(dest):
+            # As the official harness's clone has them once its install ran `git submodule
+            # update --init` (with the network, which evaluation here does not have).
+            repo = _github_repo(sub.url, task.repo)
+            sub_name = (repo or hashlib.sha256(sub.url.encode()).hexdigest()[:16]).replace(
+                "/", "__"
+            )
+            source = self._repo_source(
+                task, log, commits=[sub.commit], repo=repo or sub_name, url=sub.url
+            )
+            try:
+                githistory.add_submodule(
+                    dest, sub, source, githistory.PackCache(self._packs_dir(sub_name))
+                )
+            except githistory.HistoryError as e:
+                log.write_text(f"{task.repo} at {task.base_commit}, submodule {sub.path}: {e}\n")
+                raise BuildError(
+                    task.id, "checkout", log, f": {task.repo}: submodule {sub.path}: {e}"
+                ) from None
         owner = SandboxConfig().layer_owner()
         if owner is not None:  # a root caller's sandbox root (an unprivileged uid) must own it
             safefs.chown_tree(dest, *owner)
+
+    def _repo_source(
+        self,
+        task: Task,
+        log: Path,
+        commits: list[str],
+        repo: str | None = None,
+        url: str | None = None,
+    ) -> Path:
+        """A local git repository of `repo` (the task's by default) holding `commits`: the
+        mirror's, the bundled examples' or the machine's bare clone cache (cloned from `url`,
+        by default the repository's GitHub URL).
+
+        Raises:
+            BuildError: at step "checkout", when there is no mirror or the clone fails.
+        """
+        s = self.settings
+        repo = repo or task.repo
+        name = repo.replace("/", "__")
+        if s.git_mirror is not None and (s.git_mirror / name).is_dir():
+            return s.git_mirror / name
+        if task.source == "examples" and repo == task.repo:  # they come with the package
+            from .examples import materialize_mirror
+
+            return materialize_mirror(s.store.parent / "examples-mirror") / name
+        if s.git_mirror is not None:
+            raise BuildError(
+                task.id, "checkout", log, f": no mirror of {repo} at {s.git_mirror / name}"
+            )
+        url = url or s.git_url_template.format(repo=repo)
+        return self._git_cache(task.id, url, name, log, commits)
 
     def _packs_dir(self, name: str) -> Path:
         """The repository's history packs, shared by its tasks' checkouts (githistory)."""
         return self.settings.store.parent / "git-packs" / name
 
-    def _git_cache(self, task: Task, name: str, log: Path) -> Path:
-        """A local bare clone of the task's repository (fetched once per machine, then only
-        what a new base commit needs): checkouts are cut from it, never cloned whole."""
+    def _git_cache(self, task_id: str, url: str, name: str, log: Path, commits: list[str]) -> Path:
+        """A local bare clone of `url` (fetched once per machine, then only what a new commit
+        needs): checkouts are cut from it, never cloned whole."""
         cache = self.settings.store.parent / "git-cache" / f"{name}.git"
-        url = self.settings.git_url_template.format(repo=task.repo)
         cache.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(cache.parent / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
-            steps = []
+            # (command, the commit it looks for: fetched when missing)
+            steps: list[tuple[list[str], str | None]] = []
             if not (cache / "HEAD").exists():
-                steps.append(["git", "clone", "--quiet", "--bare", url, str(cache)])
-            steps.append(
-                ["git", "-C", str(cache), "cat-file", "-e", f"{task.base_commit}^{{commit}}"]
-            )
-            with log.open("w") as out:
-                for i, cmd in enumerate(steps):
+                steps.append((["git", "clone", "--quiet", "--bare", url, str(cache)], None))
+            steps += [
+                (["git", "-C", str(cache), "cat-file", "-e", f"{c}^{{commit}}"], c) for c in commits
+            ]
+            with log.open("a") as out:
+                for cmd, commit in steps:
                     out.write(f"$ {' '.join(cmd)}\n")
                     out.flush()
                     r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
-                    if r.returncode != 0 and cmd[3] == "cat-file":
-                        fetch = ["git", "-C", str(cache), "fetch", "--quiet", url, task.base_commit]
-                        out.write(f"$ {' '.join(fetch)}\n")
+                    if r.returncode != 0 and commit is not None:
+                        cmd = ["git", "-C", str(cache), "fetch", "--quiet", url, commit]
+                        out.write(f"$ {' '.join(cmd)}\n")
                         out.flush()
-                        r = subprocess.run(fetch, stdout=out, stderr=subprocess.STDOUT, check=False)
+                        r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
                     if r.returncode != 0:
                         raise BuildError(
-                            task.id, "checkout", log, f": `{' '.join(steps[i][:4])}` failed"
+                            task_id, "checkout", log, f": `{' '.join(cmd[:4])}` failed"
                         )
         finally:
             os.close(fd)
@@ -777,6 +917,20 @@ class Builder:
             )
             async with Sandbox(config) as sb:
                 yield sb
+
+
+_GITHUB = re.compile(
+    r"^(?:https://github\.com/|git@github\.com:|git://github\.com/)([^/]+/[^/]+?)(?:\.git)?/?$"
+)
+
+
+def _github_repo(url: str, parent: str) -> str | None:
+    """ "owner/name" of a submodule URL on GitHub, or relative to its superproject's
+    (`../name.git`), else None."""
+    if url.startswith("../"):
+        return f"{parent.split('/')[0]}/{url[3:].removesuffix('.git').strip('/')}"
+    m = _GITHUB.match(url)
+    return m.group(1) if m else None
 
 
 def _collect(upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> None:

@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 from .errors import MiniSandboxError
 
@@ -279,6 +280,59 @@ def checkout_past(
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+class Submodule(NamedTuple):
+    """A git submodule of a checkout: its name and path in .gitmodules, its URL, and the commit
+    the superproject's tree records for it."""
+
+    name: str
+    path: str
+    url: str
+    commit: str
+
+
+def submodules(dest: Path) -> list[Submodule]:
+    """The submodules of the checkout at `dest` (a repository this module just made: its
+    .gitmodules and tree are the base commit's)."""
+    if not (dest / ".gitmodules").is_file():
+        return []
+    links = {}
+    for line in _git(dest, "ls-tree", "-r", "-z", "HEAD").split("\0"):
+        meta, _, path = line.partition("\t")
+        if meta.startswith("160000 commit "):
+            links[path] = meta.split()[2]
+    config = _git(
+        dest, "config", "-f", ".gitmodules", "-z", "--get-regexp", r"^submodule\..*\.(path|url)$",
+        check=False,
+    )  # fmt: skip
+    fields: dict[str, dict[str, str]] = {}
+    for entry in filter(None, config.split("\0")):
+        key, _, value = entry.partition("\n")
+        name, _, field = key.removeprefix("submodule.").rpartition(".")
+        fields.setdefault(name, {})[field] = value
+    out = []
+    for name, f in fields.items():
+        path, url = f.get("path"), f.get("url")
+        if path in links and url:
+            out.append(Submodule(name, path, url, links[path]))
+    return out
+
+
+def add_submodule(dest: Path, sub: Submodule, source: str | Path, cache: PackCache) -> None:
+    """Check the submodule out at its recorded commit inside `dest`, holding only its past
+    like any checkout here, and register it (initialised, as `git submodule update --init`
+    leaves it): build scripts that look at `git submodule status` find it in place and do not
+    fetch (astropy's ah_bootstrap.py would, and evaluation has no network)."""
+    where = dest / sub.path
+    if where.is_symlink() or (where.exists() and any(where.iterdir())):
+        raise HistoryError(f"submodule {sub.name}: {sub.path} is not an empty directory")
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if where.exists():
+        where.rmdir()
+    checkout_past(source, sub.commit, where, cache, branch="main")
+    _git(dest, "config", f"submodule.{sub.name}.url", sub.url)
+    _git(dest, "config", f"submodule.{sub.name}.active", "true")
 
 
 def _settle_mtimes(dest: Path) -> None:

@@ -1,0 +1,175 @@
+"""Relaxing conflicting pins (relax.py): the ladder on uv's own reports, and real builds whose
+recipe only resolves relaxed, where what the repository imports decides which pin gives way."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from minisandbox.builder import Builder, BuildSettings
+from minisandbox.loaders import load_tasks
+from minisandbox.relax import RelaxationFailed, Relaxer, imported_names
+from minisandbox.specs import EnvRecipe, Task
+
+# uv 0.13's reports, as printed for SWE-bench's xarray exports.
+CF_UNITS = """\
+  x No solution found when resolving dependencies:
+  `-> Because cf-units==3.2.0 depends on antlr4-python3-runtime==4.7.2 and you require
+      antlr4-python3-runtime==4.11.1, we can conclude that your requirements and
+      cf-units==3.2.0 are incompatible.
+      And because you require cf-units==3.2.0, we can conclude that your requirements are
+      unsatisfiable.
+"""
+DASK = """\
+  x No solution found when resolving dependencies:
+  `-> Because distributed==2024.9.1 depends on dask==2024.9.1 and you require
+      distributed==2024.9.1, we can conclude that you require dask==2024.9.1.
+      And because you require dask==2022.8.1, we can conclude that your requirements are
+      unsatisfiable.
+"""
+MISSING = """\
+  x No solution found when resolving dependencies:
+  `-> Because no-such-package-xyz was not found in the package registry and you require
+      no-such-package-xyz==9.9.9, we can conclude that your requirements are unsatisfiable.
+"""
+XARRAY = ["antlr4-python3-runtime==4.11.1", "cf-units==3.2.0", "distributed==2024.9.1"]
+XARRAY_PIP = [*XARRAY, "numpy==1.23.0", "dask==2022.8.1"]  # pip's list comes after conda's
+
+
+def test_what_the_repository_does_not_import_gives_way_first() -> None:
+    imports = imported_names(
+        ["import cf_units\nfrom dask import array\n", "import numpy as np\nimport distributed"]
+    )
+    assert {"cf-units", "dask", "numpy"} <= imports
+    r = Relaxer(XARRAY_PIP, imports, "2021-05-03T20:38:52-07:00")
+    step = r.step(CF_UNITS)
+    assert (step.package, step.rung, step.imported) == ("antlr4-python3-runtime", "dated", False)
+    assert "antlr4-python3-runtime" in r.requirements() and "cf-units==3.2.0" in r.requirements()
+    assert r.uv_options() == [
+        "--only-binary=antlr4-python3-runtime",
+        "--exclude-newer-package=antlr4-python3-runtime=2021-05-03T20:38:52-07:00",
+    ]
+    # Both imported: the pin listed first (conda's) gives way to pip's, installed last.
+    step = r.step(DASK)
+    assert (step.package, step.rung, step.imported) == ("distributed", "dated", True)
+    assert "distributed" in r.requirements() and "dask==2022.8.1" in r.requirements()
+
+
+def test_a_pin_steps_down_the_ladder_and_only_what_is_not_imported_is_dropped() -> None:
+    r = Relaxer(XARRAY_PIP, frozenset({"cf-units"}), "2021-05-03")
+    rungs = [r.step(CF_UNITS).rung for _ in range(4)]
+    assert rungs == ["dated", "any", "source", "dropped"]
+    assert not any(line.startswith("antlr4") for line in r.requirements())
+    assert r.uv_options() == []
+    # The same conflict again: cf-units (imported) steps down, but is never dropped.
+    assert [r.step(CF_UNITS).rung for _ in range(3)] == ["dated", "any", "source"]
+    with pytest.raises(RelaxationFailed, match="no pin left to relax"):
+        r.step(CF_UNITS)
+    # Without a date the ladder starts at any version.
+    assert Relaxer(XARRAY, frozenset(), None).step(CF_UNITS).rung == "any"
+
+
+def test_what_is_not_a_conflict_between_pins_is_never_relaxed() -> None:
+    """A package the index lacks, or a report naming one pin, fails as it is: relaxing it
+    would hide a broken recipe (or a broken index) behind a smaller environment."""
+    with pytest.raises(RelaxationFailed, match="not a conflict between the recipe's pins"):
+        Relaxer(["no-such-package-xyz==9.9.9", "six==1.16.0"], frozenset(), None).step(MISSING)
+    with pytest.raises(RelaxationFailed, match="not a conflict"):
+        Relaxer(["dask==2022.8.1"], frozenset(), None).step(DASK)
+
+
+# ------------------------------------------------------------------------- real builds
+
+
+def _repo_importing(mirror: Path, module: str) -> str:
+    """A one-commit repository `acme/relax-<module>` whose code imports `module`."""
+    repo = mirror / f"acme__relax-{module}"
+    repo.mkdir(parents=True)
+    (repo / "mod.py").write_text(f"import {module}\n")
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+
+    git("init", "-q")
+    git("add", "mod.py")
+    git("commit", "-q", "-m", "import")
+    return git("rev-parse", "HEAD")
+
+
+def _task(example: Task, module: str, commit: str) -> Task:
+    # requests 2.31 needs urllib3>=1.21.1: the two pins cannot both hold.
+    recipe = EnvRecipe(
+        python=example.env.python, requirements=["requests==2.31.0", "urllib3==1.20"]
+    )
+    return example.model_copy(
+        update={
+            "id": f"relax-{module}",
+            "repo": f"acme/relax-{module}",
+            "source": None,
+            "base_commit": commit,
+            "environment_setup_commit": commit,
+            "env": recipe,
+            "pre_install": [],
+            "install": [],
+        }
+    )
+
+
+async def _versions(builder: Builder, task: Task) -> str:
+    """The installed versions (from metadata: urllib3 1.20 no longer imports on new Pythons)."""
+    code = "from importlib.metadata import version as v; print(v('requests'), v('urllib3'))"
+    async with builder.sandbox(task) as sb:
+        r = await sb.execute(["python", "-c", code])
+    assert r.exit_code == 0, r.stdout + r.stderr
+    return r.stdout.strip()
+
+
+def test_conflicting_pins_build_relaxed_keeping_what_the_repository_imports(
+    home: Path, settings: BuildSettings
+) -> None:
+    """The recipe pins requests 2.31 and urllib3 1.20, which pip cannot install together. The
+    repository that imports requests keeps requests 2.31 (urllib3 gives way); the one that
+    imports urllib3 keeps urllib3 1.20 (requests gives way). Each build reports what it
+    relaxed, in the layer's metadata and in its result, and a task without the conflict
+    relaxes nothing."""
+    base = home / "relax"
+    mirror = base / "mirror"
+    example = load_tasks("examples")[0]
+    own = BuildSettings(store=base / "store", cache=base / "layers", git_mirror=mirror)
+    tasks = {m: _task(example, m, _repo_importing(mirror, m)) for m in ("requests", "urllib3")}
+    builder = Builder(own)
+    for module, task in tasks.items():
+        result = asyncio.run(builder.build(task))
+        assert result.status == "built", result.error
+        relaxed = {r.package: r for r in result.relaxed}
+        other = "urllib3" if module == "requests" else "requests"
+        assert list(relaxed) == [other], result.relaxed
+        assert relaxed[other].rung == "dated" and not relaxed[other].imported
+        assert relaxed[other].pinned in task.env.requirements
+        assert builder.store.meta(result.env_layer)["relaxed"][0]["package"] == other
+        requests_version, urllib3_version = asyncio.run(_versions(builder, task)).split()
+        if module == "requests":
+            assert requests_version == "2.31.0" and urllib3_version != "1.20"
+        else:
+            assert urllib3_version == "1.20" and requests_version != "2.31.0"
+        logs = builder.settings.logs / builder.env_ref(task).replace("/", "_")
+        assert (
+            f"# relaxed {other} ({relaxed[other].pinned}): dated"
+            in (logs / "resolve.log").read_text()
+        )
+    # The cached build reports the same relaxations from the layer's metadata.
+    again = asyncio.run(Builder(own).build(tasks["requests"]))
+    assert again.status == "cached" and [r.package for r in again.relaxed] == ["urllib3"]
+
+    plain = tasks["requests"].model_copy(
+        update={"id": "relax-none", "env": EnvRecipe(python=example.env.python,
+                                                     requirements=["requests==2.31.0"])}
+    )  # fmt: skip
+    result = asyncio.run(builder.build(plain))
+    assert result.status == "built" and result.relaxed == [], result
