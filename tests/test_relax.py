@@ -81,6 +81,24 @@ def test_what_is_not_a_conflict_between_pins_is_never_relaxed() -> None:
         Relaxer(["dask==2022.8.1"], frozenset(), None).step(DASK)
 
 
+def test_a_pin_whose_source_build_fails_steps_down_too() -> None:
+    """conda built backports.zoneinfo 0.2.1 for Python 3.10; its sdist does not compile there
+    and PyPI has no 3.10 wheel of it: the pin gives way like a conflicting one. A failed build
+    of a package the recipe does not pin cannot be relaxed."""
+    failed = (
+        "Resolved 156 packages in 5.63s\n"
+        "error: Failed to build `backports-zoneinfo==0.2.1`\n"
+        "  cause: The build backend returned an error\n"
+    )
+    r = Relaxer(["backports.zoneinfo==0.2.1", "numpy==1.23.0"], frozenset({"numpy"}), "2021")
+    assert [r.step(failed).rung for _ in range(4)] == ["dated", "any", "source", "dropped"]
+    assert r.requirements() == ["numpy==1.23.0"]
+    with pytest.raises(RelaxationFailed, match="does not build"):
+        Relaxer(["numpy==1.23.0"], frozenset(), None).step(failed)
+    with pytest.raises(RelaxationFailed, match="neither"):
+        Relaxer(["numpy==1.23.0"], frozenset(), None).step("error: network unreachable")
+
+
 # ------------------------------------------------------------------------- real builds
 
 
@@ -160,7 +178,7 @@ def test_conflicting_pins_build_relaxed_keeping_what_the_repository_imports(
             assert urllib3_version == "1.20" and requests_version != "2.31.0"
         logs = builder.settings.logs / builder.env_ref(task).replace("/", "_")
         assert (
-            f"# relaxed {other} ({relaxed[other].pinned}): dated"
+            f"# relaxed {other} ({relaxed[other].pinned}) to dated: "
             in (logs / "resolve.log").read_text()
         )
     # The cached build reports the same relaxations from the layer's metadata.

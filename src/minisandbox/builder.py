@@ -341,6 +341,15 @@ class Builder:
         meta = self.store.meta(env_layer) or {}
         return [relax.Relaxation.model_validate(r) for r in meta.get("relaxed") or []]
 
+    async def build_env(self, task: Task, *, force: bool = False) -> str:
+        """Build (or find) only the task's environment layer and return its id: environments
+        can be prepared, or checked, before the repositories are at hand.
+
+        Raises:
+            BuildError: a step failed (RecordedBuildFailure: it failed before, until `force`).
+        """
+        return await self._env_layer(task, force, [])
+
     @contextlib.asynccontextmanager
     async def _lock(self, name: str) -> AsyncIterator[None]:
         """One build of `name` at a time: across coroutines (an asyncio lock) and across
@@ -455,11 +464,7 @@ class Builder:
                     try:
                         await self._install(sb, ref, logs, task, task.env.requirements, [])
                     except BuildError as e:
-                        relaxer = await self._relax(sb, ref, logs, task, e)
-                        relaxed = relaxer.steps
-                        await self._install(
-                            sb, ref, logs, task, relaxer.requirements(), relaxer.uv_options()
-                        )
+                        relaxed = await self._install_relaxed(sb, ref, logs, task, e)
                 # Bytecode now, once: otherwise the first import or pip run of every task
                 # writes its own copy of the environment's .pyc files into its task layer.
                 # Only site-packages: the standard library is the interpreter's (read-only).
@@ -507,55 +512,51 @@ class Builder:
             "-r /tmp/requirements.txt",
         )
 
-    async def _relax(
+    async def _install_relaxed(
         self, sb: Sandbox, ref: str, logs: Path, task: Task, strict: BuildError
-    ) -> relax.Relaxer:
-        """Relax the recipe's pins until uv resolves them (relax.py), after the strict install
-        failed with `strict`; every round is logged to resolve.log.
+    ) -> list[relax.Relaxation]:
+        """After the strict install failed with `strict`, relax the recipe's pins one at a
+        time and install again until it succeeds (relax.py); every round is kept in
+        resolve.log (the last install's output in requirements.log).
 
         Raises:
-            BuildError: `strict` itself when its error is no conflict among the recipe's pins (a
-                missing package, a failed source build); at step "resolve", when no pin is left
-                to relax or uv fails otherwise.
+            BuildError: `strict` itself when it is neither a conflict among the recipe's pins
+                nor a failed build of one (a missing package, the index unreachable); at step
+                "resolve" when no pin is left to relax.
         """
         error = strict.log.read_text(errors="replace")
-        if relax.UNSATISFIABLE not in error:
-            raise strict
-        imported, date = await asyncio.to_thread(self._environment_imports, task, logs)
-        relaxer = relax.Relaxer(task.env.requirements, imported, date)
+        imported: frozenset[str] = frozenset()
+        relaxer = relax.Relaxer(task.env.requirements, imported, None)
         try:
-            relaxer.step(error)
+            relaxer.step(error)  # a first look, without the repository: is it relaxable?
         except relax.RelaxationFailed:
             raise strict from None
+        imported, date = await asyncio.to_thread(self._environment_imports, task, logs)
+        relaxer = relax.Relaxer(task.env.requirements, imported, date)
         log = logs / "resolve.log"
         with log.open("w") as out:
             out.write(
-                f"# the strict install failed:\n{error}\n"
                 f"# relaxing pins: the repository imports {len(imported)} top-level names at "
                 f"{task.environment_setup_commit}; date bound {date}\n"
             )
             while True:
-                step = relaxer.steps[-1]
-                out.write(f"# relaxed {step.package} ({step.pinned}): {step.rung}\n")
-                out.flush()
-                await sb.write_file("/tmp/requirements.txt", "\n".join(relaxer.requirements()))
-                options = " ".join([*task.env.pip_options, *map(shlex.quote, relaxer.uv_options())])
-                command = (
-                    f"uv pip compile --python {VENV}/bin/python --quiet "
-                    f"--build-constraints /tmp/build-constraints.txt {options} "
-                    "/tmp/requirements.txt -o /tmp/resolved.txt"
-                )
-                result = await sb.execute(["/bin/bash", "-c", command], merge_stderr=True)
-                out.write(f"$ {command}\n{result.stdout}\n[exit code {result.exit_code}]\n")
-                if result.exit_code == 0:
-                    return relaxer
-                if relax.UNSATISFIABLE not in result.stdout:
-                    tail = "\n".join(result.stdout.strip().splitlines()[-15:])
-                    raise BuildError(ref, "resolve", log, f":\n{tail}")
                 try:
-                    relaxer.step(result.stdout)
+                    step = relaxer.step(error)
                 except relax.RelaxationFailed as e:
+                    out.write(f"# {e}\n")
                     raise BuildError(ref, "resolve", log, f": {e}") from None
+                out.write(
+                    f"# relaxed {step.package} ({step.pinned}) to {step.rung}: {step.conflict}\n"
+                )
+                out.flush()
+                try:
+                    await self._install(
+                        sb, ref, logs, task, relaxer.requirements(), relaxer.uv_options()
+                    )
+                    out.write(f"# installed with {len(relaxer.steps)} relaxations\n")
+                    return relaxer.steps
+                except BuildError as e:
+                    error = e.log.read_text(errors="replace")
 
     def _environment_imports(self, task: Task, logs: Path) -> tuple[frozenset[str], str | None]:
         """What the repository imports at its environment commit, and that commit's date

@@ -6,8 +6,10 @@ accept (`cf-units==3.2.0` wants `antlr4-python3-runtime==4.7.2`, the export pins
 pip pin installed last can contradict a conda one (`dask==2022.8.1` beside
 `distributed==2024.9.1`). pip installed such sets with a warning; uv refuses them.
 
-When the strict resolution fails, the builder relaxes one pin at a time, chosen among the
-packages uv's error names, and resolves again:
+Conda also built packages whose PyPI sdists do not build for the environment's Python
+(`backports.zoneinfo==0.2.1` on 3.10). When the strict install fails either way, the builder
+relaxes one pin at a time, the one whose build failed or one among the packages uv's conflict
+report names, and installs again:
 
 - packages the repository does not import (at its environment commit) go before those it does:
   its tests run against the versions it imports, the rest only has to install;
@@ -39,6 +41,7 @@ _IMPORT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTI
 # What uv prints when a set of requirements has no solution (and nothing else fails that way).
 UNSATISFIABLE = "No solution found when resolving"
 _MISSING = "not found in the package registry"
+_FAILED_BUILD = re.compile(r"Failed to (?:download and )?build `([A-Za-z0-9][A-Za-z0-9._-]*)")
 MAX_STEPS = 60
 
 Rung = Literal["dated", "any", "source", "dropped"]
@@ -82,7 +85,9 @@ class Relaxation(BaseModel):
     )
     imported: bool = Field(description="whether the repository imports it")
     before: str | None = Field(default=None, description="the date bound of a dated rung")
-    conflict: str = Field(description="uv's explanation of the conflict that forced this step")
+    conflict: str = Field(
+        description="uv's explanation of the conflict (or the failed build) that forced this step"
+    )
 
 
 class RelaxationFailed(Exception):
@@ -136,9 +141,14 @@ class Relaxer:
             RelaxationFailed: the error names no pin that can still be relaxed, or the ladder
                 ran `MAX_STEPS` steps.
         """
-        conflict = _explanation(error)
         if len(self.steps) >= MAX_STEPS:
-            raise RelaxationFailed(f"still unsatisfiable after {MAX_STEPS} relaxations: {conflict}")
+            raise RelaxationFailed(f"still failing after {MAX_STEPS} relaxations")
+        built = _FAILED_BUILD.search(error)
+        if built is not None:
+            return self._failed_build(normalise(built.group(1)), error[built.start() :])
+        if UNSATISFIABLE not in error:
+            raise RelaxationFailed("neither a conflict between pins nor a failed build")
+        conflict = _explanation(error)
         ours = [n for n in _names_in(conflict) if n in self._order]
         if not any(n in self._rung for n in ours) and (len(ours) < 2 or _MISSING in conflict):
             # Not a conflict between pins (a package missing from the index, a version never
@@ -152,6 +162,17 @@ class Relaxer:
             )
         # Not imported first, then the pin listed first.
         name = min(named, key=lambda n: (n in self._imported, self._order[n]))
+        return self._relax(name, conflict)
+
+    def _failed_build(self, name: str, report: str) -> Relaxation:
+        """A pin whose source build failed (a conda-built package whose sdist does not build
+        for this Python, as backports.zoneinfo 0.2.1 on 3.10) steps down like a conflict."""
+        tail = " ".join(report.split())[:600]
+        if name not in self._order or self._next(name) is None:
+            raise RelaxationFailed(f"{name} does not build and has no rung left to try: {tail}")
+        return self._relax(name, tail)
+
+    def _relax(self, name: str, conflict: str) -> Relaxation:
         rung = self._next(name)
         assert rung is not None
         self._rung[name] = rung
