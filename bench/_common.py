@@ -47,6 +47,7 @@ def host_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "as_root": os.geteuid() == 0,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
 

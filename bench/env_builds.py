@@ -61,8 +61,8 @@ async def main() -> dict[str, Any]:
             "version": task.version,
             "python": task.env.python,
         }
-        began = time.monotonic()
         async with gate:
+            began = time.monotonic()
             try:
                 layer = await builder.build_env(task)
                 out |= {"status": "built", "relaxed": [r.package for r in builder.relaxed(layer)]}

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import host_info, log, run_main
+from _common import host_info, log, percentile, run_main
 
 from minisandbox.builder import Builder, BuildResult, BuildSettings
 from minisandbox.evaluation import EvalResult, Evaluator
@@ -168,6 +168,7 @@ async def main() -> dict[str, Any]:
         "by_repo": _by_repo(tasks, results),
         "build_s_total": round(sum(r.get("build_s", 0.0) for r in results.values()), 1),
         "eval_s_total": round(sum(r["seconds"] for r in runs), 1),
+        "eval_s_p50": round(percentile([r["seconds"] for r in runs], 50), 1) if runs else 0.0,
         "eval_s_max": round(max((r["seconds"] for r in runs), default=0.0), 1),
         "wall_s": round(time.monotonic() - began, 1),
         "jobs": args.jobs,

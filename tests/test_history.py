@@ -106,6 +106,13 @@ def test_history_that_cannot_be_cut_is_a_clear_error(tmp_path: Path) -> None:
     git(tmp_path, "clone", "-q", "--depth", "2", f"file://{source}", str(shallow))
     with pytest.raises(HistoryError, match="shallow"):
         checkout_past(shallow, ids[-1], tmp_path / "b", cache)
+    # A mirror lacking a blob its history needs (a filtered clone, a damaged copy).
+    lacking = tmp_path / "lacking"
+    shutil.copytree(source, lacking)
+    blob = git(lacking, "rev-parse", f"{ids[1]}:f1.txt")
+    (lacking / ".git" / "objects" / blob[:2] / blob[2:]).unlink()  # loose: never repacked
+    with pytest.raises(HistoryError, match=f"lacks object {blob}.*complete clone"):
+        checkout_past(lacking, ids[-1], tmp_path / "c", PackCache(tmp_path / "packs2"))
 
 
 def test_built_task_holds_no_future_and_validation_proves_it(tmp_path: Path) -> None:

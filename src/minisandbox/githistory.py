@@ -45,6 +45,7 @@ COARSE = 1024  # first-parent commits per shared pack
 CHECKOUT_MTIME = 946684800
 _FORMAT = 2  # 2: cut chains apart from task chains, task chains record their tags
 _SHA = re.compile(r"^[0-9a-f]{40}$")
+_MISSING_OBJECT = re.compile(r"unable to read ([0-9a-f]{40})")
 # No user or system git configuration may change what we write (hooks, templates, gc).
 _GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
@@ -151,15 +152,25 @@ class PackCache:
     def make_pack(self, source: str | Path, revs: list[str]) -> str:
         """A pack of the objects `git rev-list --objects <revs>` lists in `source`; its name."""
         with tempfile.TemporaryDirectory(dir=self.root, prefix=".new-") as tmp:
-            out = _git(
-                source,
-                "pack-objects",
-                "--revs",
-                "--threads=1",  # the same bytes for the same objects: packs dedupe in the store
-                "-q",
-                f"{tmp}/p",
-                stdin="\n".join(revs) + "\n",
-            ).strip()
+            try:
+                out = _git(
+                    source,
+                    "pack-objects",
+                    "--revs",
+                    "--threads=1",  # the same bytes for the same objects: packs dedupe
+                    "-q",
+                    f"{tmp}/p",
+                    stdin="\n".join(revs) + "\n",
+                ).strip()
+            except HistoryError as e:
+                missing = _MISSING_OBJECT.search(str(e))
+                if missing is None:
+                    raise
+                raise HistoryError(
+                    f"{source} lacks object {missing.group(1)}, which the history up to the "
+                    "base commit needs (a partial, filtered or damaged clone?): use a complete "
+                    "clone as the mirror, or none (the builder then clones the repository)"
+                ) from None
             if not _SHA.match(out):
                 raise HistoryError(f"git pack-objects in {source} printed {out!r}")
             for ext in ("idx", "pack"):  # the pack last: `has` needs both
