@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +29,11 @@ DEFAULT_REPOS = ["django/django", "scikit-learn/scikit-learn", "matplotlib/matpl
 
 
 def one_per_recipe(tasks: list[Task]) -> list[Task]:
+    """One task per environment layer (the key the builder names it by, for the recipe's own
+    Python version)."""
     seen: dict[str, Task] = {}
     for t in tasks:
-        key = hashlib.sha256(t.env.model_dump_json(exclude={"skipped"}).encode()).hexdigest()
-        seen.setdefault(key, t)
+        seen.setdefault(t.environment_key(t.env.python), t)
     return list(seen.values())
 
 

@@ -8,7 +8,10 @@ import asyncio
 import subprocess
 from pathlib import Path
 
-from minisandbox.builder import Builder, BuildSettings
+import pytest
+
+from minisandbox.builder import Builder, BuildSettings, _github_repo
+from minisandbox.githistory import HistoryError, PackCache, Submodule, add_submodule
 from minisandbox.loaders import load_tasks
 
 
@@ -84,3 +87,31 @@ def test_a_submodule_is_checked_out_initialised_and_only_its_past(home: Path) ->
     assert text == "VERSION = 1"
     assert later_commit == "absent"  # the submodule's own future is not there either
     assert dirty == ""
+
+
+def test_a_submodule_path_or_url_that_leads_elsewhere_is_refused(tmp_path: Path) -> None:
+    """.gitmodules comes with the repository: a path out of the checkout, through a link, or
+    over files, is refused; so is a URL that is neither GitHub's nor https (a local path, ssh,
+    an option), before anything is fetched."""
+    dest = tmp_path / "checkout"
+    (dest / "real").mkdir(parents=True)
+    (dest / "link").symlink_to(tmp_path)
+    (dest / "full").mkdir()
+    (dest / "full" / "f").write_text("x")
+    cache = PackCache(tmp_path / "packs")
+    for path, why in [
+        ("../escape", "not inside the checkout"),
+        ("/abs", "not inside the checkout"),
+        ("a/.git/hooks", "not inside the checkout"),
+        ("link/sub", "is a symlink"),
+        ("full", "not an empty directory"),
+    ]:
+        sub = Submodule("s", path, "https://github.com/acme/helpers.git", "0" * 40)
+        with pytest.raises(HistoryError, match=why):
+            add_submodule(dest, sub, tmp_path, cache)
+    assert not (tmp_path / "escape").exists() and not (tmp_path / "sub").exists()
+
+    for url in ("/srv/private.git", "file:///srv/private.git", "ssh://h/x.git", "-uploadpack=x"):
+        assert _github_repo(url, "acme/withsub") is None
+    assert _github_repo("../helpers.git", "acme/withsub") == "acme/helpers"
+    assert _github_repo("../../etc/x", "acme/withsub") is None

@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 
 VENV = "/opt/venv"
 DEFAULT_IO_BUDGET = 2 * GiB
-_FORMAT = 5  # bump when what a task layer holds changes (5: only the base commit's past)
+# Bump when what a task layer holds changes (5: only the base commit's past; 6: its submodules).
+_FORMAT = 6
 # Wheels of the repository's build requirements, fetched at build time: evaluation reinstalls
 # the package offline (SWE-bench's eval scripts run `pip install -e .`) with pip's usual build
 # isolation, from these, so the same setuptools builds it as at build time (another one can
@@ -91,6 +92,7 @@ _NOISE = (
 )
 # Bumped when what an environment layer holds changes (v2: its bytecode compiled at build;
 # v3: laid out as a self-contained install, see _STANDALONE; old setuptools for old recipes).
+# Also bump it when relax.py's ladder changes what a relaxed recipe installs.
 _ENV_FORMAT = "v3"
 
 
@@ -234,13 +236,7 @@ class Builder:
         return self._interpreters[task.env.python]
 
     def env_ref(self, task: Task) -> str:
-        key = task.env.key(self.interpreter(task).version)
-        if task.environment_setup_commit:
-            # A recipe whose pins conflict is relaxed by what the repository imports there
-            # (relax.py): part of what the layer holds, so part of its name.
-            origin = f"{key}\0{task.repo}@{task.environment_setup_commit}"
-            key = hashlib.sha256(origin.encode()).hexdigest()
-        return f"env/{_ENV_FORMAT}-{key}"
+        return f"env/{_ENV_FORMAT}-{task.environment_key(self.interpreter(task).version)}"
 
     def task_ref(self, task: Task, env_layer: str) -> str:
         spec = {
@@ -460,11 +456,12 @@ class Builder:
                 await self._step(sb, ref, logs, "layout", f"bash /tmp/standalone.sh {args}")
                 await sb.write_file("/tmp/build-constraints.txt", "".join(constraints))
                 relaxed: list[relax.Relaxation] = []
+                installed: list[str] = []
                 if task.env.requirements:
                     try:
                         await self._install(sb, ref, logs, task, task.env.requirements, [])
                     except BuildError as e:
-                        relaxed = await self._install_relaxed(sb, ref, logs, task, e)
+                        relaxed, installed = await self._install_relaxed(sb, ref, logs, task, e)
                 # Bytecode now, once: otherwise the first import or pip run of every task
                 # writes its own copy of the environment's .pyc files into its task layer.
                 # Only site-packages: the standard library is the interpreter's (read-only).
@@ -485,6 +482,8 @@ class Builder:
                 "build_constraints": [line.strip() for line in constraints],
                 "relaxed": [r.model_dump() for r in relaxed],
             }
+            if relaxed:  # what the relaxed recipe resolved to, on the day it was built
+                meta["installed"] = installed
             return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
 
     async def _install(
@@ -514,37 +513,46 @@ class Builder:
 
     async def _install_relaxed(
         self, sb: Sandbox, ref: str, logs: Path, task: Task, strict: BuildError
-    ) -> list[relax.Relaxation]:
+    ) -> tuple[list[relax.Relaxation], list[str]]:
         """After the strict install failed with `strict`, relax the recipe's pins one at a
         time and install again until it succeeds (relax.py); every round is kept in
-        resolve.log (the last install's output in requirements.log).
+        resolve.log (the last install's output in requirements.log). Returns the steps and
+        what got installed (`uv pip freeze`: the lower rungs depend on the day of the build).
 
         Raises:
-            BuildError: `strict` itself when it is neither a conflict among the recipe's pins
-                nor a failed build of one (a missing package, the index unreachable); at step
-                "resolve" when no pin is left to relax.
+            BuildError: an install's own failure when it is neither a conflict among the
+                recipe's pins nor a failed build of one (a missing package, the index
+                unreachable); at step "resolve" when no pin is left to relax.
         """
         error = strict.log.read_text(errors="replace")
-        imported: frozenset[str] = frozenset()
-        relaxer = relax.Relaxer(task.env.requirements, imported, None)
-        try:
-            relaxer.step(error)  # a first look, without the repository: is it relaxable?
+        try:  # a first look, before reading the repository: is it relaxable at all?
+            relax.Relaxer(task.env.requirements, None, None).step(error)
         except relax.RelaxationFailed:
             raise strict from None
         imported, date = await asyncio.to_thread(self._environment_imports, task, logs)
         relaxer = relax.Relaxer(task.env.requirements, imported, date)
         log = logs / "resolve.log"
+        failed = strict
         with log.open("w") as out:
+            known = "unknown (no environment commit)" if imported is None else len(imported)
             out.write(
-                f"# relaxing pins: the repository imports {len(imported)} top-level names at "
-                f"{task.environment_setup_commit}; date bound {date}\n"
+                f"# relaxing pins; top-level names the repository imports at "
+                f"{task.environment_setup_commit}: {known}; date bound {date}\n"
             )
             while True:
                 try:
                     step = relaxer.step(error)
                 except relax.RelaxationFailed as e:
                     out.write(f"# {e}\n")
-                    raise BuildError(ref, "resolve", log, f": {e}") from None
+                    if relaxer.steps and ("neither" in str(e) or "not a conflict" in str(e)):
+                        raise failed from None  # the install's own error, not a conflict
+                    raise BuildError(
+                        ref,
+                        "resolve",
+                        log,
+                        f": the recipe's pins do not install together even relaxed; fix the "
+                        f"recipe (a `pins` override, docs/recipes.md): {e}",
+                    ) from None
                 out.write(
                     f"# relaxed {step.package} ({step.pinned}) to {step.rung}: {step.conflict}\n"
                 )
@@ -553,28 +561,55 @@ class Builder:
                     await self._install(
                         sb, ref, logs, task, relaxer.requirements(), relaxer.uv_options()
                     )
-                    out.write(f"# installed with {len(relaxer.steps)} relaxations\n")
-                    return relaxer.steps
                 except BuildError as e:
-                    error = e.log.read_text(errors="replace")
+                    failed, error = e, e.log.read_text(errors="replace")
+                    continue
+                out.write(f"# installed with {len(relaxer.steps)} relaxations\n")
+                frozen = await sb.execute(
+                    ["uv", "pip", "freeze", "--python", f"{VENV}/bin/python"], merge_stderr=True
+                )
+                return relaxer.steps, frozen.stdout.split() if frozen.exit_code == 0 else []
 
-    def _environment_imports(self, task: Task, logs: Path) -> tuple[frozenset[str], str | None]:
+    def _environment_imports(
+        self, task: Task, logs: Path
+    ) -> tuple[frozenset[str] | None, str | None]:
         """What the repository imports at its environment commit, and that commit's date
-        (relax.py's priorities and date bound); nothing known without that commit."""
+        (relax.py's priorities and date bound); (None, None) without such a commit.
+
+        Raises:
+            BuildError: at step "resolve", when the repository cannot be read at that commit.
+        """
         commit = task.environment_setup_commit
         if not commit:
-            return frozenset(), None
-        source = self._repo_source(task, logs / "resolve-source.log", commits=[commit])
+            return None, None
+        log = logs / "resolve-source.log"
+        source = self._repo_source(task, log, commits=[commit])
 
-        def git(*args: str) -> str:
+        def git(*args: str, ok: tuple[int, ...] = (0,)) -> str:
             r = subprocess.run(
-                ["git", "-C", str(source), *args], capture_output=True, text=True, check=False
+                ["git", "-C", str(source), *args],
+                capture_output=True,
+                text=True,
+                check=False,
+                env={**os.environ, **githistory.GIT_ENV},
             )
+            if r.returncode not in ok:
+                log.write_text(f"$ git {' '.join(args)}\n{r.stderr}")
+                raise BuildError(
+                    task.id,
+                    "resolve",
+                    log,
+                    f": cannot read {task.repo} at its environment commit {commit} in {source}: "
+                    f"{r.stderr.strip()[-300:]}",
+                )
             return r.stdout
 
-        grep = git("grep", "-h", "-I", "-E", r"^\s*(import|from)\s", commit, "--", "*.py")
+        # grep exits 1 when nothing matches: a repository that imports nothing.
+        found = git(
+            "grep", "-h", "-I", "-E", r"^\s*(import|from)\s", commit, "--", "*.py", ok=(0, 1)
+        )
         date = git("log", "-1", "--format=%cI", commit).strip() or None
-        return relax.imported_names([grep]), date
+        return relax.imported_names([found]), date
 
     async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
         ref = self.task_ref(task, env_layer)
@@ -689,15 +724,33 @@ class Builder:
         except githistory.HistoryError as e:
             log.write_text(f"{task.repo} at {task.base_commit}: {e}\n")
             raise BuildError(task.id, "checkout", log, f": {task.repo}: {e}") from None
-        for sub in githistory.submodules(dest):
+        try:
+            subs = githistory.submodules(dest)
+        except githistory.HistoryError as e:
+            raise BuildError(task.id, "checkout", log, f": {task.repo}: .gitmodules: {e}") from None
+        for sub in subs:
             # As the official harness's clone has them once its install ran `git submodule
             # update --init` (with the network, which evaluation here does not have).
             repo = _github_repo(sub.url, task.repo)
+            if repo is None and not sub.url.startswith("https://"):
+                raise BuildError(
+                    task.id,
+                    "checkout",
+                    log,
+                    f": submodule {sub.path}: URL {sub.url!r} is neither on GitHub nor https; "
+                    "only those are fetched (put a clone in the git mirror as <owner>__<name>)",
+                )
             sub_name = (repo or hashlib.sha256(sub.url.encode()).hexdigest()[:16]).replace(
                 "/", "__"
             )
+            # A GitHub submodule is fetched like any repository (the mirror, or the URL
+            # template), whatever protocol its .gitmodules names.
             source = self._repo_source(
-                task, log, commits=[sub.commit], repo=repo or sub_name, url=sub.url
+                task,
+                log,
+                commits=[sub.commit],
+                repo=repo or sub_name,
+                url=None if repo else sub.url,
             )
             try:
                 githistory.add_submodule(
@@ -755,10 +808,11 @@ class Builder:
         fd = os.open(cache.parent / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
+            env = {**os.environ, **githistory.GIT_ENV}  # never a password prompt
             # (command, the commit it looks for: fetched when missing)
             steps: list[tuple[list[str], str | None]] = []
             if not (cache / "HEAD").exists():
-                steps.append((["git", "clone", "--quiet", "--bare", url, str(cache)], None))
+                steps.append((["git", "clone", "--quiet", "--bare", "--", url, str(cache)], None))
             steps += [
                 (["git", "-C", str(cache), "cat-file", "-e", f"{c}^{{commit}}"], c) for c in commits
             ]
@@ -766,12 +820,16 @@ class Builder:
                 for cmd, commit in steps:
                     out.write(f"$ {' '.join(cmd)}\n")
                     out.flush()
-                    r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+                    r = subprocess.run(
+                        cmd, stdout=out, stderr=subprocess.STDOUT, check=False, env=env
+                    )
                     if r.returncode != 0 and commit is not None:
-                        cmd = ["git", "-C", str(cache), "fetch", "--quiet", url, commit]
+                        cmd = ["git", "-C", str(cache), "fetch", "--quiet", "--", url, commit]
                         out.write(f"$ {' '.join(cmd)}\n")
                         out.flush()
-                        r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False)
+                        r = subprocess.run(
+                            cmd, stdout=out, stderr=subprocess.STDOUT, check=False, env=env
+                        )
                     if r.returncode != 0:
                         raise BuildError(
                             task_id, "checkout", log, f": `{' '.join(cmd[:4])}` failed"
@@ -921,15 +979,17 @@ class Builder:
 
 
 _GITHUB = re.compile(
-    r"^(?:https://github\.com/|git@github\.com:|git://github\.com/)([^/]+/[^/]+?)(?:\.git)?/?$"
+    r"^(?:https://github\.com/|git@github\.com:|git://github\.com/)([\w-]+/[\w.-]+?)(?:\.git)?/?$"
 )
 
 
 def _github_repo(url: str, parent: str) -> str | None:
-    """ "owner/name" of a submodule URL on GitHub, or relative to its superproject's
-    (`../name.git`), else None."""
+    """The GitHub repository ("owner/name") a submodule URL names, on GitHub or relative to
+    its superproject's (`../name.git`); None for any other URL."""
     if url.startswith("../"):
-        return f"{parent.split('/')[0]}/{url[3:].removesuffix('.git').strip('/')}"
+        name = url[3:].removesuffix("/").removesuffix(".git")
+        ok = re.fullmatch(r"[\w.-]+", name) and name not in (".", "..")
+        return f"{parent.split('/')[0]}/{name}" if ok else None
     m = _GITHUB.match(url)
     return m.group(1) if m else None
 

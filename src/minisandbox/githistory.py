@@ -47,7 +47,7 @@ _FORMAT = 2  # 2: cut chains apart from task chains, task chains record their ta
 _SHA = re.compile(r"^[0-9a-f]{40}$")
 _MISSING_OBJECT = re.compile(r"unable to read ([0-9a-f]{40})")
 # No user or system git configuration may change what we write (hooks, templates, gc).
-_GIT_ENV = {
+GIT_ENV = {
     "GIT_CONFIG_NOSYSTEM": "1",
     "GIT_CONFIG_GLOBAL": os.devnull,
     "GIT_TERMINAL_PROMPT": "0",
@@ -62,7 +62,7 @@ class HistoryError(MiniSandboxError):
 
 
 def _git(repo: str | Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
-    env = {**os.environ, **_GIT_ENV}
+    env = {**os.environ, **GIT_ENV}
     r = subprocess.run(
         ["git", "-C", str(repo), *args],
         input=stdin,
@@ -184,7 +184,7 @@ def _first_parents(source: str | Path, base: str) -> list[str]:
 
 
 def _is_ancestor(source: str | Path, a: str, b: str) -> bool:
-    env = {**os.environ, **_GIT_ENV}
+    env = {**os.environ, **GIT_ENV}
     r = subprocess.run(
         ["git", "-C", str(source), "merge-base", "--is-ancestor", a, b],
         capture_output=True,
@@ -306,16 +306,17 @@ class Submodule(NamedTuple):
 def submodules(dest: Path) -> list[Submodule]:
     """The submodules of the checkout at `dest` (a repository this module just made: its
     .gitmodules and tree are the base commit's)."""
-    if not (dest / ".gitmodules").is_file():
+    if not _git(dest, "ls-tree", "HEAD", "--", ".gitmodules").strip():
         return []
     links = {}
     for line in _git(dest, "ls-tree", "-r", "-z", "HEAD").split("\0"):
         meta, _, path = line.partition("\t")
         if meta.startswith("160000 commit "):
             links[path] = meta.split()[2]
+    # From the commit, not the work tree: what git recorded, whatever the tree holds.
     config = _git(
-        dest, "config", "-f", ".gitmodules", "-z", "--get-regexp", r"^submodule\..*\.(path|url)$",
-        check=False,
+        dest, "config", "--blob", "HEAD:.gitmodules", "-z", "--get-regexp",
+        r"^submodule\..*\.(path|url)$",
     )  # fmt: skip
     fields: dict[str, dict[str, str]] = {}
     for entry in filter(None, config.split("\0")):
@@ -335,8 +336,14 @@ def add_submodule(dest: Path, sub: Submodule, source: str | Path, cache: PackCac
     like any checkout here, and register it (initialised, as `git submodule update --init`
     leaves it): build scripts that look at `git submodule status` find it in place and do not
     fetch (astropy's ah_bootstrap.py would, and evaluation has no network)."""
+    parts = Path(sub.path).parts
+    if not parts or Path(sub.path).is_absolute() or {"..", ".git", "."} & set(parts):
+        raise HistoryError(f"submodule {sub.name}: path {sub.path!r} is not inside the checkout")
     where = dest / sub.path
-    if where.is_symlink() or (where.exists() and any(where.iterdir())):
+    for i in range(1, len(parts) + 1):  # no link on the way: it could lead out of `dest`
+        if (dest.joinpath(*parts[:i])).is_symlink():
+            raise HistoryError(f"submodule {sub.name}: {'/'.join(parts[:i])} is a symlink")
+    if where.exists() and (not where.is_dir() or any(where.iterdir())):
         raise HistoryError(f"submodule {sub.name}: {sub.path} is not an empty directory")
     where.parent.mkdir(parents=True, exist_ok=True)
     if where.exists():

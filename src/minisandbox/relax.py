@@ -31,17 +31,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from functools import cache
+from importlib import resources
 from typing import Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, ConfigDict, Field
 
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-_REQ = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.*)$")
-_IMPORT = re.compile(r"^\s*(?:import|from)\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
+# `import a, b as c` and `from a.b import c`: the top-level names.
+_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+([\w., \t]+)|from[ \t]+(\w+))", re.MULTILINE)
+_NAME = r"([A-Za-z0-9][A-Za-z0-9._-]*)"
+# Where uv's reports name a package: before a version or extras, or after these words.
+_NAMED = re.compile(
+    rf"{_NAME}(?=\[|==|>=|<=|!=|~=|<|>)|(?:versions? of|you require|depends on) {_NAME}"
+)
 # What uv prints when a set of requirements has no solution (and nothing else fails that way).
 UNSATISFIABLE = "No solution found when resolving"
 _MISSING = "not found in the package registry"
-_FAILED_BUILD = re.compile(r"Failed to (?:download and )?build `([A-Za-z0-9][A-Za-z0-9._-]*)")
+_FAILED_BUILD = re.compile(rf"Failed to (?:download and )?build `{_NAME}")
 MAX_STEPS = 60
 
 Rung = Literal["dated", "any", "source", "dropped"]
@@ -52,24 +59,57 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def _parse(line: str) -> Requirement | None:
+    """The requirement a line states; None for an option, a URL requirement or anything
+    `packaging` cannot read (such lines are kept as they are, never relaxed)."""
+    if line.lstrip().startswith("-"):
+        return None
+    try:
+        req = Requirement(line)
+    except InvalidRequirement:
+        return None
+    return None if req.url else req
+
+
 def requirement_name(line: str) -> str | None:
     """The normalised distribution a requirement line names (None for an option or a URL)."""
-    if line.lstrip().startswith("-") or "://" in line:
-        return None
-    m = _REQ.match(line)
-    return normalise(m.group(1)) if m else None
+    req = _parse(line)
+    return normalise(req.name) if req else None
 
 
 def imported_names(sources: Iterable[str]) -> frozenset[str]:
-    """Top-level modules imported by Python sources, normalised like distribution names.
-
-    A distribution counts as imported when its normalised name is one of these: exact for most
-    (`cf_units` / `cf-units`, `dask`, `pytest`), and a package whose import name differs
-    (`yaml` / `PyYAML`) only loses its priority, never its pin unless it conflicts."""
+    """Top-level modules imported by Python sources, normalised like distribution names."""
     found: set[str] = set()
     for text in sources:
-        found.update(normalise(m) for m in _IMPORT.findall(text))
+        for names, module in _IMPORT.findall(text):
+            for part in names.split(",") if names else [module]:
+                top = part.strip().split(" ")[0].split(".")[0]
+                if top.isidentifier():
+                    found.add(normalise(top))
     return frozenset(found)
+
+
+@cache
+def _module_names() -> dict[str, tuple[str, ...]]:
+    """Distributions whose import names differ from their names (data/import_names.txt)."""
+    text = (resources.files("minisandbox") / "data" / "import_names.txt").read_text("utf-8")
+    out = {}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            dist, _, modules = line.partition(":")
+            out[normalise(dist)] = tuple(normalise(m) for m in modules.split())
+    return out
+
+
+def is_imported(distribution: str, imported: frozenset[str]) -> bool:
+    """Whether code importing `imported` (normalised top-level names) uses `distribution`:
+    its own name, the names data/import_names.txt gives it (`PyYAML` is `yaml`), or its name
+    without a `python-` prefix or `-python` suffix."""
+    name = normalise(distribution)
+    candidates = {name, name.removeprefix("python-"), name.removesuffix("-python")}
+    candidates.update(_module_names().get(name, ()))
+    return not candidates.isdisjoint(imported)
 
 
 class Relaxation(BaseModel):
@@ -97,31 +137,37 @@ class RelaxationFailed(Exception):
 class Relaxer:
     """The ladder above, over one recipe's requirement lines.
 
-    `step(error)` takes uv's error for the current `requirements()` and relaxes one pin, or
+    `imported` holds the top-level names the repository imports, or None when they are unknown
+    (no environment commit): then nothing is dropped and the pin listed first gives way first.
+    `step(error)` takes uv's report for the current `requirements()` and relaxes one pin, or
     raises `RelaxationFailed`."""
 
-    def __init__(self, requirements: list[str], imported: frozenset[str], date: str | None):
+    def __init__(
+        self, requirements: list[str], imported: frozenset[str] | None, date: str | None
+    ) -> None:
         self._lines = list(requirements)
+        self._reqs = [_parse(line) for line in requirements]
         self._imported = imported
         self._date = date
-        self._order = {n: i for i, line in enumerate(requirements) if (n := requirement_name(line))}
+        self._order: dict[str, int] = {}
+        for i, req in enumerate(self._reqs):
+            if req is not None:
+                self._order.setdefault(normalise(req.name), i)  # a name listed twice: the first
         self._rung: dict[str, Rung] = {}
         self.steps: list[Relaxation] = []
 
     def requirements(self) -> list[str]:
-        """The requirement lines to resolve now."""
+        """The requirement lines to install now."""
         out = []
-        for line in self._lines:
-            name = requirement_name(line)
-            rung = self._rung.get(name) if name else None
-            if rung == "dropped":
-                continue
-            if rung is not None:
-                m = _REQ.match(line)
-                assert m is not None and name is not None
-                out.append(m.group(1) + (m.group(2) or ""))  # keep extras, drop the version
-            else:
+        for line, req in zip(self._lines, self._reqs, strict=True):
+            rung = self._rung.get(normalise(req.name)) if req else None
+            if rung is None:
                 out.append(line)
+            elif rung != "dropped":
+                assert req is not None
+                extras = f"[{','.join(sorted(req.extras))}]" if req.extras else ""
+                marker = f"; {req.marker}" if req.marker else ""
+                out.append(f"{req.name}{extras}{marker}")  # the version goes, the rest stays
         return out
 
     def uv_options(self) -> list[str]:
@@ -135,11 +181,13 @@ class Relaxer:
         return out
 
     def step(self, error: str) -> Relaxation:
-        """Relax one of the pins `error` (uv's unsatisfiable report) names.
+        """Relax the pin whose build failed in `error` (uv's output), or one of the pins its
+        unsatisfiable report names.
 
         Raises:
-            RelaxationFailed: the error names no pin that can still be relaxed, or the ladder
-                ran `MAX_STEPS` steps.
+            RelaxationFailed: the error is neither; it names no pin that can still be relaxed
+                (or only one pin, never relaxed before: a missing package, not a conflict); or
+                the ladder ran `MAX_STEPS` steps.
         """
         if len(self.steps) >= MAX_STEPS:
             raise RelaxationFailed(f"still failing after {MAX_STEPS} relaxations")
@@ -157,19 +205,24 @@ class Relaxer:
         named = [n for n in ours if self._next(n) is not None]
         if not named:
             raise RelaxationFailed(
-                f"no pin left to relax among those in the conflict ({_names_listed(conflict)}): "
-                f"{conflict}"
+                f"the pins in conflict ({', '.join(ours) or 'none'}) have no rung left (what "
+                f"the repository imports is never dropped): {conflict}"
             )
         # Not imported first, then the pin listed first.
-        name = min(named, key=lambda n: (n in self._imported, self._order[n]))
+        name = min(named, key=lambda n: (self._imports(n), self._order[n]))
         return self._relax(name, conflict)
+
+    def _imports(self, name: str) -> bool:
+        return self._imported is None or is_imported(name, self._imported)
 
     def _failed_build(self, name: str, report: str) -> Relaxation:
         """A pin whose source build failed (a conda-built package whose sdist does not build
         for this Python, as backports.zoneinfo 0.2.1 on 3.10) steps down like a conflict."""
         tail = " ".join(report.split())[:600]
-        if name not in self._order or self._next(name) is None:
-            raise RelaxationFailed(f"{name} does not build and has no rung left to try: {tail}")
+        if name not in self._order:
+            raise RelaxationFailed(f"{name}, which the recipe does not pin, does not build: {tail}")
+        if self._next(name) is None:
+            raise RelaxationFailed(f"{name} does not build at any version tried: {tail}")
         return self._relax(name, tail)
 
     def _relax(self, name: str, conflict: str) -> Relaxation:
@@ -180,7 +233,7 @@ class Relaxer:
             package=name,
             pinned=self._lines[self._order[name]],
             rung=rung,
-            imported=name in self._imported,
+            imported=self._imports(name),
             before=self._date if rung == "dated" else None,
             conflict=conflict,
         )
@@ -188,17 +241,20 @@ class Relaxer:
         return step
 
     def _next(self, name: str) -> Rung | None:
+        """The rung below `name`'s current one; None at the bottom (a package the repository
+        imports, or might, is never dropped)."""
         current = self._rung.get(name)
+        req = self._reqs[self._order[name]]
+        droppable = not self._imports(name)
         if current is None:
-            pinned = "=" in self._lines[self._order[name]] or "<" in self._lines[self._order[name]]
-            if not pinned:
-                return None if name in self._imported else "dropped"
+            if req is None or not req.specifier:
+                return "dropped" if droppable else None
             return "dated" if self._date else "any"
         if current == "dated":
             return "any"
         if current == "any":
             return "source"
-        if current == "source" and name not in self._imported:
+        if current == "source" and droppable:
             return "dropped"
         return None
 
@@ -211,13 +267,8 @@ def _explanation(error: str) -> str:
 
 
 def _names_in(text: str) -> list[str]:
-    """Words of `text` that could be distribution names, normalised, first mention first."""
+    """The package names uv's report mentions, normalised, first mention first."""
     seen: dict[str, None] = {}
-    for m in _NAME.finditer(text):
-        seen.setdefault(normalise(m.group(0).rstrip(".")), None)
+    for m in _NAMED.finditer(text):
+        seen.setdefault(normalise((m.group(1) or m.group(2)).rstrip(".,")), None)
     return list(seen)
-
-
-def _names_listed(text: str) -> str:
-    found = re.findall(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:==|>=|<=|!=|~=|<|>)", text)
-    return ", ".join(dict.fromkeys(found)) or "none"

@@ -271,5 +271,11 @@ class Task(BaseModel):
         return self
 
     def environment_key(self, interpreter_version: str) -> str:
-        """Key of this task's environment layer, built with a `interpreter_version` Python."""
-        return self.env.key(interpreter_version)
+        """Key of this task's environment layer, built with a `interpreter_version` Python: the
+        recipe's key, and the repository at its environment commit when there is one (a recipe
+        whose pins conflict is relaxed by what the repository imports there, relax.py)."""
+        key = self.env.key(interpreter_version)
+        if not self.environment_setup_commit:
+            return key
+        origin = f"{key}\0{self.repo}@{self.environment_setup_commit}"
+        return hashlib.sha256(origin.encode()).hexdigest()
