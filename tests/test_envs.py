@@ -66,17 +66,24 @@ def test_env_python_keeps_its_packages_through_links(own: BuildSettings, python:
     is reached, through tox's link or a chain of two, it is the environment: sys.prefix is
     /opt/venv and its packages import; a venv made inside the sandbox is its own. 3.6 finds
     its prefix with the old C getpath, 3.13 with getpath.py: both are covered."""
-    task = _task(python, ["six==1.16.0"], f"links-{python}")
+    # pybind11-global installs headers of its own into include/pythonX.Y (matplotlib's
+    # environments): that directory must take them beside the interpreter's read-only ones.
+    headers = ["pybind11-global==2.13.6"] if python != "3.6" else []
+    task = _task(python, ["six==1.16.0", *headers], f"links-{python}")
     builder = _build(own, task)
 
-    async def run() -> tuple[str, str]:
+    async def run() -> tuple[str, str, str]:
         async with builder.sandbox(task) as sb:
             r = await sb.execute(_LINKS)
             assert r.exit_code == 0, r.output
             pip = await sb.execute("pip --version")
-            return r.stdout, pip.stdout
+            h = await sb.execute("ls /opt/venv/include/python3*/")
+            return r.stdout, pip.stdout, h.stdout
 
-    out, pip = asyncio.run(run())
+    out, pip, include = asyncio.run(run())
+    assert "Python.h" in include.split(), include  # the interpreter's headers
+    if headers:
+        assert "pybind11-global" in include.split(), include
     lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
     for exe in (
         "python",

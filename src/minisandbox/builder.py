@@ -93,7 +93,7 @@ _NOISE = (
 # Bumped when what an environment layer holds changes (v2: its bytecode compiled at build;
 # v3: laid out as a self-contained install, see _STANDALONE; old setuptools for old recipes).
 # Also bump it when relax.py's ladder changes what a relaxed recipe installs.
-_ENV_FORMAT = "v3"
+_ENV_FORMAT = "v4"  # v4: include/pythonX.Y a directory of links (packages add headers there)
 
 
 class BuildError(MiniSandboxError):
@@ -1050,8 +1050,12 @@ done
 for so in "$prefix"/lib/lib*.so*; do
   if [ -f "$so" ]; then ln -s "$so" "$venv/lib/${so##*/}"; fi
 done
-mkdir -p "$venv/include"
-for inc in "$prefix"/include/python*; do ln -s "$inc" "$venv/include/${inc##*/}"; done
+# The headers: a directory of links, not a link, so that packages installing headers of their
+# own there (pybind11-global: include/pythonX.Y/pybind11) can; the interpreter's are read-only.
+for inc in "$prefix"/include/python*; do
+  mkdir -p "$venv/include/${inc##*/}"
+  for h in "$inc"/*; do ln -s "$h" "$venv/include/${inc##*/}/${h##*/}"; done
+done
 mv "$venv/pyvenv.cfg" /tmp/pyvenv.cfg
 # The proof: run directly and through a chain of two links from elsewhere, the environment's
 # python is its own prefix and imports its packages (pip is seeded).
@@ -1065,7 +1069,9 @@ if "$venv/bin/python" -c "$check" "$venv" && /tmp/standalone/b/python -c "$check
 fi
 echo "WARNING: $real does not work as a self-contained install; $venv stays a venv" \
   "(a link to its python from another directory runs without its packages)"
-find "$venv/lib/$lib" "$venv/lib" "$venv/include" -maxdepth 1 -type l -delete
+find "$venv/lib/$lib" "$venv/lib" -maxdepth 1 -type l -delete
+find "$venv/include" -mindepth 2 -maxdepth 2 -type l -delete 2>/dev/null || true
+find "$venv/include" -mindepth 1 -maxdepth 1 -type d -empty -delete 2>/dev/null || true
 rmdir "$venv/include" 2>/dev/null || true
 ln -sfn "$real" "$venv/bin/python"
 ln -sfn python "$venv/bin/python3"
