@@ -106,6 +106,43 @@ async def test_httpbin_as_public_hosts_over_http_and_https(
         assert (await sb.execute(["cat", "/testbed/vendored/cacert.pem"])).stdout == ""
 
 
+# GETs a URL (trusting the CA bundle named second): the status, the Content-Type, the size.
+_GET_FILE = (
+    "import ssl, sys, urllib.error, urllib.request\n"
+    "context = ssl.create_default_context(cafile=sys.argv[2])\n"
+    "try:\n"
+    "    r = urllib.request.urlopen(sys.argv[1], timeout=10, context=context)\n"
+    "except urllib.error.HTTPError as e:\n"
+    "    r = e\n"
+    "print(r.status, r.headers.get('Content-Type'), len(r.read()))\n"
+)
+
+
+async def test_web_serves_the_files_of_public_hosts(settings: BuildSettings, built: list) -> None:
+    """sphinx's remote-image test: python.org's logo downloads (a stand-in PNG the package
+    holds), any other path of those hosts is 404, over HTTPS the task trusts and over HTTP."""
+    task = load_tasks("examples")[0]
+    task = task.model_copy(update={"services": ["web:www.python.org,www.google.com"]})
+    async with Builder(settings).sandbox(task) as sb:
+        await sb.write_file("/testbed/vendored/cacert.pem", "")
+        await sb.write_file("/tmp/get.py", _GET_FILE)
+        bundle = "/testbed/vendored/cacert.pem"
+        logo = "https://www.python.org/static/img/python-logo.png"
+        async with start_services(sb, task) as env:
+            assert env == {}
+            r = await sb.execute(["python", "/tmp/get.py", logo, bundle])
+            assert r.stdout.split()[:2] == ["200", "image/png"], r
+            for url in (
+                "https://www.google.com/NOT_EXIST.PNG",
+                "http://www.python.org/static/img/../../../../etc/passwd",
+                "http://www.google.com/static/img/python-logo.png",  # another host's file
+            ):
+                r = await sb.execute(["python", "/tmp/get.py", url, bundle])
+                assert r.stdout.split()[0] == "404", (url, r)
+        r = await sb.execute(["python", "/tmp/get.py", logo, bundle])
+        assert r.exit_code != 0  # stopped with the block: the name no longer answers
+
+
 async def test_without_tarpit_unroutable_fails_at_once(
     settings: BuildSettings, built: list
 ) -> None:

@@ -24,6 +24,7 @@ import os
 import shlex
 import sys
 from collections.abc import AsyncIterator
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +34,8 @@ from .specs import Task
 from .toolchains import Interpreter, ToolchainNotFoundError, find_interpreter
 
 if TYPE_CHECKING:
+    from importlib.resources.abc import Traversable
+
     from .builder import Builder
 
 TOOLS_ROOT = "/opt/minisandbox-tools"
@@ -70,10 +73,27 @@ STOP_TIMEOUT = 10.0
 # "<port> <pid>" atomically: once the file exists every socket listens.
 _HTTPBIN_SERVER = """\
 import os, ssl, sys, threading
-from httpbin import app
 from werkzeug.serving import make_server
+if not sys.argv[2]:
+    from httpbin import app
 
-info, names = sys.argv[1], [n for n in sys.argv[2:] if n]
+info, files, names = sys.argv[1], sys.argv[2], [n for n in sys.argv[3:] if n]
+if files:  # the "web" service: files/<host>/<path>, else 404
+    import mimetypes
+
+    root = os.path.realpath(files)
+
+    def app(environ, start_response):
+        host = environ.get("HTTP_HOST", "").split(":")[0].lower()
+        path = os.path.realpath(os.path.join(root, host, environ.get("PATH_INFO", "").lstrip("/")))
+        if path.startswith(root + os.sep) and os.path.isfile(path):
+            with open(path, "rb") as fh:
+                body = fh.read()
+            kind = mimetypes.guess_type(path)[0] or "application/octet-stream"
+            start_response("200 OK", [("Content-Type", kind), ("Content-Length", str(len(body)))])
+            return [body]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found"]
 servers = [make_server("127.0.0.1", 0, app, threaded=True)]
 if names:
     import trustme
@@ -91,16 +111,20 @@ with open(info + ".tmp", "w") as f:
 os.rename(info + ".tmp", info)
 servers[0].serve_forever()
 """
-# A request through the real server: ready means serving, not only listening.
+# A request through the real server: ready means serving, not only listening (any HTTP answer:
+# the web service answers 404 where httpbin answers 200).
 _HTTPBIN_PROBE = """\
-import sys, urllib.request
-with urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/get", timeout=5) as r:
-    sys.exit(0 if r.status == 200 else 1)
+import sys, urllib.error, urllib.request
+try:
+    urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/get", timeout=5).close()
+except urllib.error.HTTPError:
+    pass
 """
 
-KNOWN_SERVICES: tuple[str, ...] = ("httpbin", "tarpit")
-# The services that run from a tools environment, and its requirements.
+KNOWN_SERVICES: tuple[str, ...] = ("httpbin", "web", "tarpit")
+# The tools environments, by their requirements, and the services that run from each.
 _REQUIREMENTS = {"httpbin": HTTPBIN_REQUIREMENTS}
+_TOOLS = {"httpbin": "httpbin", "web": "httpbin"}
 
 
 class ServiceError(MiniSandboxError):
@@ -152,7 +176,7 @@ async def tools_layers(builder: Builder, task: Task) -> tuple[list[str], list[Pa
     if not task.services:
         return [], []
     names = (parse_service(s)[0] for s in task.services)
-    wanted = [s for s in dict.fromkeys(names) if s in _REQUIREMENTS]
+    wanted = list(dict.fromkeys(_TOOLS[s] for s in names if s in _TOOLS))
     if not wanted:
         return [], []
     interp = tools_interpreter()
@@ -217,14 +241,53 @@ async def _httpbin(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[s
     on ports 80 and 443 as the public hosts would, with a certificate the task trusts (a CA made
     for this run, appended to the CA bundles in the task: see `_trust`); HTTPBIN_URL is then
     http://<first name>/, the URL suites default to."""
+    async with _serve(sb, "httpbin", public_names, files="") as port:
+        yield {"HTTPBIN_URL": f"http://{public_names[0] if public_names else '127.0.0.1:' + port}/"}
+
+
+# Files the "web" service serves: data/web/<host>/<path>.
+_WEB_FILES = "/tmp/.minisandbox-web-files"
+
+
+@contextlib.asynccontextmanager
+async def _web(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
+    """Public web hosts ("web:www.python.org,www.google.com") answering inside the sandbox, on
+    ports 80 and 443 (HTTPS with a certificate the task trusts, as for httpbin): each serves the
+    files the package holds for it under data/web/<host>/ and 404 for any other path. For test
+    suites that fetch a known public file (sphinx's remote images) and expect a 404 elsewhere."""
+    if not public_names:
+        raise ServiceError("web: name the public hosts it answers as (web:host,...)")
+    root = resources.files("minisandbox") / "data" / "web"
+    for host in public_names:
+        for path, data in _files_under(root / host, host):
+            await sb.write_file(f"{_WEB_FILES}/{path}", data)
+    await sb.execute(["mkdir", "-p", _WEB_FILES])
+    async with _serve(sb, "web", public_names, files=_WEB_FILES):
+        yield {}
+
+
+def _files_under(node: Traversable, prefix: str) -> list[tuple[str, bytes]]:
+    if node.is_file():
+        return [(prefix, node.read_bytes())]
+    if not node.is_dir():
+        return []
+    return [f for child in node.iterdir() for f in _files_under(child, f"{prefix}/{child.name}")]
+
+
+@contextlib.asynccontextmanager
+async def _serve(
+    sb: Sandbox, service: str, public_names: list[str], files: str
+) -> AsyncIterator[str]:
+    """Run the server script (httpbin's app, or `files` as the web service) from the httpbin
+    tools environment for the block; yields its loopback port."""
     python = f"{TOOLS_ROOT}/httpbin/bin/python"
     probe = await sb.execute(["test", "-x", python])
     if probe.exit_code != 0:
         raise ServiceError(
-            f"httpbin: no tools environment at {python} in this sandbox "
+            f"{service}: no tools environment at {python} in this sandbox "
             "(start it with Builder.sandbox, which adds the task's tools layers)"
         )
-    info = "/tmp/.minisandbox-httpbin"
+    info = f"/tmp/.minisandbox-{service}"
     if public_names:
         await _serve_names(sb, public_names, f"{info}.hosts")
     await sb.write_file(f"{info}.py", _HTTPBIN_SERVER)
@@ -232,7 +295,7 @@ async def _httpbin(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[s
     # -I: none of the task's variables (PYTHONPATH...) reach the tools interpreter.
     server = asyncio.create_task(
         sb.execute(
-            [python, "-I", f"{info}.py", info, *public_names],
+            [python, "-I", f"{info}.py", info, files, *public_names],
             cwd="/tmp",
             timeout=365 * 86400.0,  # stopped below, never by a timeout
             merge_stderr=True,
@@ -243,10 +306,10 @@ async def _httpbin(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[s
     try:
         port, pid = await _wait_ready(sb, server, python, info)
         if not public_names:
-            yield {"HTTPBIN_URL": f"http://127.0.0.1:{port}/"}
+            yield port
         else:
             async with _trust(sb, f"{info}.ca.pem"):
-                yield {"HTTPBIN_URL": f"http://{public_names[0]}/"}
+                yield port
     finally:
         if pid:
             await sb.execute(f"kill {shlex.quote(pid)} 2>/dev/null")
@@ -400,4 +463,4 @@ async def _tarpit(sb: Sandbox, _args: list[str]) -> AsyncIterator[dict[str, str]
     yield {}
 
 
-_STARTERS = {"httpbin": _httpbin, "tarpit": _tarpit}
+_STARTERS = {"httpbin": _httpbin, "web": _web, "tarpit": _tarpit}
