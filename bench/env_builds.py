@@ -7,7 +7,8 @@ object: per recipe its Python, status, seconds, the pins relaxed (relax.py) and,
 step and the error's tail.
 
     python bench/env_builds.py --dataset verified.parquet --envs-dir DIR
-                               [--repos django/django ...] [--jobs 2] [--work-dir DIR]
+                               [--repos django/django ...] [--instance-ids ID ...] [--jobs 2]
+                               [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -42,13 +43,14 @@ async def main() -> dict[str, Any]:
     ap.add_argument("--dataset", type=Path, required=True)
     ap.add_argument("--envs-dir", type=Path, required=True)
     ap.add_argument("--repos", nargs="+", default=DEFAULT_REPOS)
+    ap.add_argument("--instance-ids", nargs="+", help="only the recipes of these tasks")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--work-dir", type=Path, default=Path("~/.cache/minisandbox-bench/envs"))
     args = ap.parse_args()
     import pyarrow.parquet as pq
 
     rows = pq.read_table(args.dataset, columns=["instance_id", "repo"]).to_pylist()
-    ids = [r["instance_id"] for r in rows if r["repo"] in set(args.repos)]
+    ids = args.instance_ids or [r["instance_id"] for r in rows if r["repo"] in set(args.repos)]
     tasks = one_per_recipe(load_tasks(args.dataset, envs_dir=args.envs_dir, instance_ids=ids))
     work = args.work_dir.expanduser()
     builder = Builder(BuildSettings(store=work / "store", cache=work / "cache"))
