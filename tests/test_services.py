@@ -132,6 +132,8 @@ async def test_web_serves_the_files_of_public_hosts(settings: BuildSettings, bui
             assert env == {}
             r = await sb.execute(["python", "/tmp/get.py", logo, bundle])
             assert r.stdout.split()[:2] == ["200", "image/png"], r
+            r = await sb.execute(["python", "/tmp/get.py", "https://www.google.com/", bundle])
+            assert r.stdout.split()[:2] == ["200", "text/html"], r  # a directory: index.html
             for url in (
                 "https://www.google.com/NOT_EXIST.PNG",
                 "http://www.python.org/static/img/../../../../etc/passwd",

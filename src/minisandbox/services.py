@@ -86,6 +86,8 @@ if files:  # the "web" service: files/<host>/<path>, else 404
     def app(environ, start_response):
         host = environ.get("HTTP_HOST", "").split(":")[0].lower()
         path = os.path.realpath(os.path.join(root, host, environ.get("PATH_INFO", "").lstrip("/")))
+        if os.path.isdir(path):  # a directory's page: its index.html
+            path = os.path.join(path, "index.html")
         if path.startswith(root + os.sep) and os.path.isfile(path):
             with open(path, "rb") as fh:
                 body = fh.read()
@@ -253,8 +255,10 @@ _WEB_FILES = "/tmp/.minisandbox-web-files"
 async def _web(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
     """Public web hosts ("web:www.python.org,www.google.com") answering inside the sandbox, on
     ports 80 and 443 (HTTPS with a certificate the task trusts, as for httpbin): each serves the
-    files the package holds for it under data/web/<host>/ and 404 for any other path. For test
-    suites that fetch a known public file (sphinx's remote images) and expect a 404 elsewhere."""
+    files the package holds for it under data/web/<host>/ (a directory's page is its
+    index.html) and 404 for any other path. For test suites that fetch known public pages
+    (sphinx's remote images, its linkcheck builder's links and anchors) and expect a 404
+    elsewhere."""
     if not public_names:
         raise ServiceError("web: name the public hosts it answers as (web:host,...)")
     root = resources.files("minisandbox") / "data" / "web"
