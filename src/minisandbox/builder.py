@@ -42,6 +42,7 @@ from .sandbox import Sandbox
 from .services import tools_layers
 from .specs import Task, files_in_patch
 from .store import LayerStore
+from .system_packages import apt_packages, missing_on_host
 from .toolchains import Interpreter, find_interpreter
 
 if TYPE_CHECKING:
@@ -202,6 +203,8 @@ class BuildResult(BaseModel):
     recorded_failure: bool = False  # failed at once: the environment's failure was recorded
     # The recipe's pins its environment relaxed to resolve (relax.py): none for most recipes.
     relaxed: list[relax.Relaxation] = []
+    # What may make the task behave unlike in its official image (system_packages.py).
+    warnings: list[str] = []
 
 
 class Builder:
@@ -330,6 +333,7 @@ class Builder:
             task_layer=task_layer,
             seconds=time.monotonic() - began,
             relaxed=self.relaxed(env_layer),
+            warnings=host_warnings(task),
         )
 
     def relaxed(self, env_layer: str) -> list[relax.Relaxation]:
@@ -976,6 +980,25 @@ class Builder:
             )
             async with Sandbox(config) as sb:
                 yield sb
+
+
+def host_warnings(task: Task) -> list[str]:
+    """Warnings about this host for `task`: the system packages its official image installs
+    with apt (commands the loader kept out of the build) that the host, whose /usr every
+    sandbox uses, does not have."""
+    missing = _missing_packages(tuple(apt_packages(task.env.skipped)))
+    if not missing:
+        return []
+    return [
+        f"its official image installs system packages this host lacks: {', '.join(missing)} "
+        f"(sandboxes use the host's /usr; tests needing them fail): "
+        f"apt-get install {' '.join(missing)}"
+    ]
+
+
+@functools.cache  # once per package set per process: dpkg is asked per build otherwise
+def _missing_packages(packages: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(missing_on_host(list(packages)) or ())
 
 
 _GITHUB = re.compile(

@@ -651,6 +651,7 @@ def build(
             "built": [r.task_id for r in results if r.status == "built"],
             "cached": [r.task_id for r in results if r.status == "cached"],
             "failed": {r.task_id: r.error for r in failed},
+            "warnings": {r.task_id: r.warnings for r in results if r.warnings},
             # Pins an environment had to relax to resolve (relax.py), per task.
             "relaxed": {
                 r.task_id: [x.model_dump(exclude={"conflict"}) for x in r.relaxed]
@@ -807,6 +808,8 @@ def _build_table(results: list[BuildResult], verdicts: dict[str, Validation] | N
         detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]
         if r.relaxed:
             detail += f" ({len(r.relaxed)} pins relaxed, see `build --json`)"
+        for warning in r.warnings:
+            detail += f"\nwarning: {warning}"
         row = [r.task_id, f"[{colour}]{r.status}[/{colour}]", f"{r.seconds:.1f}", detail]
         if verdicts is not None:
             v = verdicts.get(r.task_id)
