@@ -250,6 +250,7 @@ class Builder:
             "pre_install": task.pre_install,
             "install": task.install,
             "bug_patch": task.bug_patch,
+            "eval_requirements": eval_pip_requirements(task.eval_script or ""),
         }
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
         return f"task/{digest}"
@@ -900,6 +901,16 @@ class Builder:
             "python /tmp/build_requires.py > /tmp/build-requires.txt && "
             f"python -m pip download -q -d {WHEELHOUSE} -r /tmp/build-requires.txt; fi",
         )
+        extra = eval_pip_requirements(task.eval_script or "")
+        if extra:
+            await sb.write_file("/tmp/eval-requires.txt", "\n".join(extra) + "\n")
+            await self._step(
+                sb,
+                task.id,
+                logs,
+                "eval_requirements",
+                f"python -m pip download -q -d {WHEELHOUSE} -r /tmp/eval-requires.txt",
+            )
 
     def _collect(self, upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> None:
         """`_collect` for the layer kinds built elsewhere (the tools layers of services.py)."""
@@ -980,6 +991,29 @@ class Builder:
             )
             async with Sandbox(config) as sb:
                 yield sb
+
+
+_PIP_INSTALL = re.compile(r"^\s*(?:python[\d.]*\s+-m\s+)?pip3?\s+install\s+(?P<args>.+)$")
+
+
+def eval_pip_requirements(script: str) -> list[str]:
+    """The requirements an eval script installs from the index besides the package itself
+    (astropy 3.1's runs `pip install 'pytest<7.2'` before its tests). The official harness
+    fetches them while evaluating; evaluation here is offline, so the task's build downloads
+    them into WHEELHOUSE, where evaluation's pip looks."""
+    out: list[str] = []
+    for line in script.splitlines():
+        m = _PIP_INSTALL.match(line)
+        if m is None:
+            continue
+        try:
+            words = shlex.split(m.group("args"))
+        except ValueError:
+            continue
+        if any(w == "-e" or w == "." or w.startswith((".[", "./", "/", "-r")) for w in words):
+            continue  # the package itself (reinstalled from the wheelhouse) or a file
+        out += [w for w in words if not w.startswith("-") and w not in out]
+    return out
 
 
 def host_warnings(task: Task) -> list[str]:
