@@ -170,7 +170,9 @@ def _repo_importing(mirror: Path, module: str) -> str:
 def _task(example: Task, module: str, commit: str) -> Task:
     # requests 2.31 needs urllib3>=1.21.1: the two pins cannot both hold.
     recipe = EnvRecipe(
-        python=example.env.python, requirements=["requests==2.31.0", "urllib3==1.20"]
+        python=example.env.python,
+        requirements=["requests==2.31.0", "urllib3==1.20"],
+        relax_pins=True,  # as the loader sets for conda exports
     )
     return example.model_copy(
         update={
@@ -238,3 +240,13 @@ def test_conflicting_pins_build_relaxed_keeping_what_the_repository_imports(
     )  # fmt: skip
     result = asyncio.run(builder.build(plain))
     assert result.status == "built" and result.relaxed == [], result
+    # A recipe that does not ask for relaxing (its own pins, not a conda export's) fails on the
+    # conflict as it always did.
+    strict = tasks["requests"].model_copy(
+        update={
+            "id": "relax-off",
+            "env": tasks["requests"].env.model_copy(update={"relax_pins": False}),
+        }
+    )
+    result = asyncio.run(builder.build(strict))
+    assert result.status == "failed" and result.step == "requirements", result

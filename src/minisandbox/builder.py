@@ -466,6 +466,8 @@ class Builder:
                     try:
                         await self._install(sb, ref, logs, task, task.env.requirements, [])
                     except BuildError as e:
+                        if not task.env.relax_pins:
+                            raise
                         relaxed, installed = await self._install_relaxed(sb, ref, logs, task, e)
                 # Bytecode now, once: otherwise the first import or pip run of every task
                 # writes its own copy of the environment's .pyc files into its task layer.

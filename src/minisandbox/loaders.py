@@ -860,6 +860,7 @@ def conda_env_to_recipe(path: str | Path) -> EnvRecipe:
             pip_options=options,
             env={str(k): str(v) for k, v in variables.items()},
             skipped=skipped,
+            relax_pins=True,
         )
     except ValidationError as exc:
         raise where.from_validation(exc) from None

@@ -136,6 +136,11 @@ class EnvRecipe(BaseModel):
         default_factory=list,
         description="what a conversion dropped, for the record; not part of the key",
     )
+    relax_pins: bool = Field(
+        default=False,
+        description="when the pins do not install together, relax them one at a time (relax.py) "
+        "instead of failing: set for conda exports, whose pins were never resolved as one set",
+    )
 
     @field_validator("python")
     @classmethod
@@ -182,6 +187,8 @@ class EnvRecipe(BaseModel):
             "pip_options": [_one_line(o) for o in self.pip_options],
             "env": dict(sorted(self.env.items())),
         }
+        if self.relax_pins:  # (absent when off: the keys of earlier recipes stay as they were)
+            canonical["relax_pins"] = True
         blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
