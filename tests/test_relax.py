@@ -197,56 +197,75 @@ async def _versions(builder: Builder, task: Task) -> str:
     return r.stdout.strip()
 
 
-def test_conflicting_pins_build_relaxed_keeping_what_the_repository_imports(
+def test_conflicting_pins_install_as_conda_installed_them(
     home: Path, settings: BuildSettings
 ) -> None:
-    """The recipe pins requests 2.31 and urllib3 1.20, which pip cannot install together. The
-    repository that imports requests keeps requests 2.31 (urllib3 gives way); the one that
-    imports urllib3 keeps urllib3 1.20 (requests gives way). Each build reports what it
-    relaxed, in the layer's metadata and in its result, and a task without the conflict
-    relaxes nothing."""
+    """The recipe pins requests 2.31 and urllib3 1.20, which pip cannot install together (the
+    wheel of requests 2.31 asks for urllib3>=1.21.1). As conda installed such an export, every
+    pin goes in as it is, without resolving the dependencies the wheels declare: both versions
+    are there, the layer says it was installed unresolved and what it holds. A recipe without
+    the conflict installs as ever, and one that does not ask for relaxing fails on it."""
     base = home / "relax"
     mirror = base / "mirror"
     example = load_tasks("examples")[0]
     own = BuildSettings(store=base / "store", cache=base / "layers", git_mirror=mirror)
-    tasks = {m: _task(example, m, _repo_importing(mirror, m)) for m in ("requests", "urllib3")}
+    task = _task(example, "requests", _repo_importing(mirror, "requests"))
     builder = Builder(own)
-    for module, task in tasks.items():
-        result = asyncio.run(builder.build(task))
-        assert result.status == "built", result.error
-        relaxed = {r.package: r for r in result.relaxed}
-        other = "urllib3" if module == "requests" else "requests"
-        assert list(relaxed) == [other], result.relaxed
-        assert relaxed[other].rung == "dated" and not relaxed[other].imported
-        assert relaxed[other].pinned in task.env.requirements
-        assert builder.store.meta(result.env_layer)["relaxed"][0]["package"] == other
-        requests_version, urllib3_version = asyncio.run(_versions(builder, task)).split()
-        if module == "requests":
-            assert requests_version == "2.31.0" and urllib3_version != "1.20"
-        else:
-            assert urllib3_version == "1.20" and requests_version != "2.31.0"
-        logs = builder.settings.logs / builder.env_ref(task).replace("/", "_")
-        assert (
-            f"# relaxed {other} ({relaxed[other].pinned}) to dated: "
-            in (logs / "resolve.log").read_text()
-        )
-    # The cached build reports the same relaxations from the layer's metadata.
-    again = asyncio.run(Builder(own).build(tasks["requests"]))
-    assert again.status == "cached" and [r.package for r in again.relaxed] == ["urllib3"]
+    result = asyncio.run(builder.build(task))
+    assert result.status == "built", result.error
+    assert result.unresolved and result.relaxed == [], result
+    assert asyncio.run(_versions(builder, task)).split() == ["2.31.0", "1.20"]
+    meta = builder.store.meta(result.env_layer)
+    assert meta["unresolved"] and "urllib3==1.20" in meta["installed"]
+    logs = builder.settings.logs / builder.env_ref(task).replace("/", "_")
+    assert (
+        "installed without dependency resolution, 0 relaxations"
+        in (logs / "resolve.log").read_text()
+    )
+    # The cached build reports it from the layer's metadata.
+    again = asyncio.run(Builder(own).build(task))
+    assert again.status == "cached" and again.unresolved
 
-    plain = tasks["requests"].model_copy(
+    plain = task.model_copy(
         update={"id": "relax-none", "env": EnvRecipe(python=example.env.python,
-                                                     requirements=["requests==2.31.0"])}
+                                                     requirements=["requests==2.31.0"],
+                                                     relax_pins=True)}
     )  # fmt: skip
     result = asyncio.run(builder.build(plain))
-    assert result.status == "built" and result.relaxed == [], result
-    # A recipe that does not ask for relaxing (its own pins, not a conda export's) fails on the
-    # conflict as it always did.
-    strict = tasks["requests"].model_copy(
-        update={
-            "id": "relax-off",
-            "env": tasks["requests"].env.model_copy(update={"relax_pins": False}),
-        }
+    assert result.status == "built" and not result.unresolved and result.relaxed == [], result
+    strict = task.model_copy(
+        update={"id": "relax-off", "env": task.env.model_copy(update={"relax_pins": False})}
     )
     result = asyncio.run(builder.build(strict))
     assert result.status == "failed" and result.step == "requirements", result
+
+
+def test_a_pin_that_does_not_build_steps_down_to_a_wheel(
+    home: Path, settings: BuildSettings
+) -> None:
+    """markupsafe 1.0's setup.py imports setuptools.Feature (gone since setuptools 46): as an
+    exact pin it does not build, with or without dependency resolution. It steps down to a
+    wheel from before the environment commit's date, and the repository's import works."""
+    base = home / "relax-build"
+    mirror = base / "mirror"
+    example = load_tasks("examples")[0]
+    own = BuildSettings(store=base / "store", cache=base / "layers", git_mirror=mirror)
+    task = _task(example, "markupsafe", _repo_importing(mirror, "markupsafe"))
+    task = task.model_copy(
+        update={"env": task.env.model_copy(update={"requirements": ["markupsafe==1.0"]})}
+    )
+    builder = Builder(own)
+    result = asyncio.run(builder.build(task))
+    assert result.status == "built", result.error
+    assert [(r.package, r.rung, r.imported) for r in result.relaxed] == [
+        ("markupsafe", "dated", True)
+    ]
+
+    async def version() -> str:
+        async with builder.sandbox(task) as sb:
+            code = "import markupsafe; print(markupsafe.__version__)"
+            r = await sb.execute(["python", "-c", code])
+            assert r.exit_code == 0, r.stdout + r.stderr
+            return r.stdout.strip()
+
+    assert asyncio.run(version()) != "1.0"

@@ -201,7 +201,10 @@ class BuildResult(BaseModel):
     built_layers: list[str] = []  # the refs this build made (the others were in the store)
     step: str | None = None  # the build step that failed
     recorded_failure: bool = False  # failed at once: the environment's failure was recorded
-    # The recipe's pins its environment relaxed to resolve (relax.py): none for most recipes.
+    # The recipe's pins conflict as pip packages: installed as they are, without resolving
+    # their declared dependencies, as conda did (Builder._install_relaxed).
+    unresolved: bool = False
+    # Pins its environment relaxed to install (relax.py): none for most recipes.
     relaxed: list[relax.Relaxation] = []
     # What may make the task behave unlike in its official image (system_packages.py).
     warnings: list[str] = []
@@ -334,8 +337,14 @@ class Builder:
             task_layer=task_layer,
             seconds=time.monotonic() - began,
             relaxed=self.relaxed(env_layer),
+            unresolved=self.unresolved(env_layer),
             warnings=host_warnings(task),
         )
+
+    def unresolved(self, env_layer: str) -> bool:
+        """Whether the environment's pins were installed as they are, without resolving their
+        declared dependencies (they conflict as pip packages: `_install_relaxed`)."""
+        return bool((self.store.meta(env_layer) or {}).get("unresolved"))
 
     def relaxed(self, env_layer: str) -> list[relax.Relaxation]:
         """The pins an environment layer relaxed (recorded in its metadata at build)."""
@@ -489,7 +498,8 @@ class Builder:
                 "build_constraints": [line.strip() for line in constraints],
                 "relaxed": [r.model_dump() for r in relaxed],
             }
-            if relaxed:  # what the relaxed recipe resolved to, on the day it was built
+            if installed:  # installed without resolving: what it holds, on the day it was built
+                meta["unresolved"] = True
                 meta["installed"] = installed
             return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
 
@@ -521,10 +531,12 @@ class Builder:
     async def _install_relaxed(
         self, sb: Sandbox, ref: str, logs: Path, task: Task, strict: BuildError
     ) -> tuple[list[relax.Relaxation], list[str]]:
-        """After the strict install failed with `strict`, relax the recipe's pins one at a
-        time and install again until it succeeds (relax.py); every round is kept in
-        resolve.log (the last install's output in requirements.log). Returns the steps and
-        what got installed (`uv pip freeze`: the lower rungs depend on the day of the build).
+        """After the strict install failed with `strict` (the pins conflict as pip packages, or
+        one does not build), install them as conda did: every pin as it is, without resolving
+        the dependencies their PyPI metadata declares (`--no-deps`; an export lists the whole
+        environment). A pin that still fails to install then steps down relax.py's ladder, one
+        at a time. Every round is kept in resolve.log (the last install's output in
+        requirements.log). Returns the steps and what got installed (`uv pip freeze`).
 
         Raises:
             BuildError: an install's own failure when it is neither a conflict among the
@@ -536,46 +548,51 @@ class Builder:
             relax.Relaxer(task.env.requirements, None, None).step(error)
         except relax.RelaxationFailed:
             raise strict from None
-        imported, date = await asyncio.to_thread(self._environment_imports, task, logs)
-        relaxer = relax.Relaxer(task.env.requirements, imported, date)
         log = logs / "resolve.log"
-        failed = strict
         with log.open("w") as out:
-            known = "unknown (no environment commit)" if imported is None else len(imported)
-            out.write(
-                f"# relaxing pins; top-level names the repository imports at "
-                f"{task.environment_setup_commit}: {known}; date bound {date}\n"
-            )
+            out.write("# the strict install failed; installing the pins as they are (--no-deps)\n")
+            out.flush()
+            relaxer: relax.Relaxer | None = None
+            failed = strict
             while True:
+                reqs = relaxer.requirements() if relaxer else task.env.requirements
+                options = ["--no-deps", *(relaxer.uv_options() if relaxer else [])]
+                try:
+                    await self._install(sb, ref, logs, task, reqs, options)
+                    break
+                except BuildError as e:
+                    failed, error = e, e.log.read_text(errors="replace")
+                if relaxer is None:
+                    imported, date = await asyncio.to_thread(self._environment_imports, task, logs)
+                    relaxer = relax.Relaxer(task.env.requirements, imported, date)
+                    known = "unknown (no environment commit)" if imported is None else len(imported)
+                    out.write(
+                        f"# relaxing pins; top-level names the repository imports at "
+                        f"{task.environment_setup_commit}: {known}; date bound {date}\n"
+                    )
                 try:
                     step = relaxer.step(error)
                 except relax.RelaxationFailed as e:
                     out.write(f"# {e}\n")
-                    if relaxer.steps and ("neither" in str(e) or "not a conflict" in str(e)):
+                    if "neither" in str(e) or "not a conflict" in str(e):
                         raise failed from None  # the install's own error, not a conflict
                     raise BuildError(
                         ref,
                         "resolve",
                         log,
-                        f": the recipe's pins do not install together even relaxed; fix the "
-                        f"recipe (a `pins` override, docs/recipes.md): {e}",
+                        f": the recipe's pins do not install even relaxed; fix the recipe "
+                        f"(a `pins` override, docs/recipes.md): {e}",
                     ) from None
                 out.write(
                     f"# relaxed {step.package} ({step.pinned}) to {step.rung}: {step.conflict}\n"
                 )
                 out.flush()
-                try:
-                    await self._install(
-                        sb, ref, logs, task, relaxer.requirements(), relaxer.uv_options()
-                    )
-                except BuildError as e:
-                    failed, error = e, e.log.read_text(errors="replace")
-                    continue
-                out.write(f"# installed with {len(relaxer.steps)} relaxations\n")
-                frozen = await sb.execute(
-                    ["uv", "pip", "freeze", "--python", f"{VENV}/bin/python"], merge_stderr=True
-                )
-                return relaxer.steps, frozen.stdout.split() if frozen.exit_code == 0 else []
+            steps = relaxer.steps if relaxer else []
+            out.write(f"# installed without dependency resolution, {len(steps)} relaxations\n")
+        frozen = await sb.execute(
+            ["uv", "pip", "freeze", "--python", f"{VENV}/bin/python"], merge_stderr=True
+        )
+        return steps, frozen.stdout.split() if frozen.exit_code == 0 else []
 
     def _environment_imports(
         self, task: Task, logs: Path

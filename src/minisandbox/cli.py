@@ -652,6 +652,8 @@ def build(
             "cached": [r.task_id for r in results if r.status == "cached"],
             "failed": {r.task_id: r.error for r in failed},
             "warnings": {r.task_id: r.warnings for r in results if r.warnings},
+            # Environments whose pins conflict as pip packages, installed as they are.
+            "unresolved": [r.task_id for r in results if r.unresolved],
             # Pins an environment had to relax to resolve (relax.py), per task.
             "relaxed": {
                 r.task_id: [x.model_dump(exclude={"conflict"}) for x in r.relaxed]
@@ -806,8 +808,9 @@ def _build_table(results: list[BuildResult], verdicts: dict[str, Validation] | N
     for r in results:
         colour = {"built": "green", "cached": "cyan", "failed": "red"}[r.status]
         detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]
-        if r.relaxed:
-            detail += f" ({len(r.relaxed)} pins relaxed, see `build --json`)"
+        if r.unresolved:
+            detail += " (pins installed unresolved"
+            detail += f", {len(r.relaxed)} relaxed)" if r.relaxed else ")"
         for warning in r.warnings:
             detail += f"\nwarning: {warning}"
         row = [r.task_id, f"[{colour}]{r.status}[/{colour}]", f"{r.seconds:.1f}", detail]

@@ -1,30 +1,34 @@
-"""Relaxing the pins of an environment recipe that do not resolve together as pip packages.
+"""Installing a conda export whose pins pip will not install as they are.
 
-SWE-bench's environments are conda exports. Their pins were installed by conda, then by pip, and
-were never resolved together: a conda-forge rebuild can pin a dependency its PyPI wheel does not
-accept (`cf-units==3.2.0` wants `antlr4-python3-runtime==4.7.2`, the export pins 4.11.1), and a
-pip pin installed last can contradict a conda one (`dask==2022.8.1` beside
-`distributed==2024.9.1`). pip installed such sets with a warning; uv refuses them.
+SWE-bench's environments are conda exports. conda installed their packages with conda's own
+metadata, then pip installed some more, and the set was never resolved as pip packages: a
+conda-forge build can depend on versions its PyPI wheel does not accept (`cf-units==3.2.0`
+wants `antlr4-python3-runtime==4.7.2`, the export pins 4.11.1), and pip's pins, installed last,
+can contradict conda's (`dask==2022.8.1` beside `distributed==2024.9.1`). Some of their packages
+conda had built while PyPI has only sources that no longer build (`backports.zoneinfo==0.2.1`
+on Python 3.10, `markupsafe==1.0` with a current setuptools).
 
-Conda also built packages whose PyPI sdists do not build for the environment's Python
-(`backports.zoneinfo==0.2.1` on 3.10). When the strict install fails either way, the builder
-relaxes one pin at a time, the one whose build failed or one among the packages uv's conflict
-report names, and installs again:
+So when the strict install fails either way (and the recipe asks for it: `relax_pins`, set for
+conda exports), the builder first installs every pin as it is, without resolving the
+dependencies the wheels declare (`--no-deps`: the export lists the whole environment, as conda
+had it). A pin that still does not install steps down a ladder, one pin and one rung per failure,
+and the install runs again:
 
-- packages the repository does not import (at its environment commit) go before those it does:
-  its tests run against the versions it imports, the rest only has to install;
-- among equals, the pin listed first goes first: exports list conda's pins before pip's, and pip
-  ran last, so its pins are the versions the original environment really had;
-- each pin steps down a ladder, one rung per conflict it is named in: exact pin -> any wheel
-  uploaded before the environment commit's date (`--exclude-newer-package`) -> any wheel -> any
-  version, built from source if need be -> dropped (only for packages the repository does not
-  import; a conflict left only among those it imports fails the build). Wheels first: the conda
-  environment had the package built, and its sdist may need system libraries that no build here
-  has (rasterio's needs GDAL).
+- exact pin -> any wheel uploaded before the environment commit's date
+  (`--exclude-newer-package`) -> any wheel -> any version, built from source if need be ->
+  dropped. Wheels first: the conda environment had the package built, and its sdist may need
+  system libraries no build here has (rasterio's needs GDAL);
+- a package the repository imports (at its environment commit; `import_names.txt` for those
+  imported under another name), or might (imports unknown), is never dropped;
+- when an unsatisfiable report names several pins (the same distribution pinned twice, say), the
+  one the repository does not import gives way first, then the one listed first (conda's before
+  pip's, which pip installed last);
+- a missing package, an unreachable index or a failed build of something the recipe does not
+  pin is never relaxed: the build fails as it would have.
 
 Every step is kept (`Relaxation`) and reported in the environment layer's metadata and in
-`build --json`. The outcome depends only on the recipe, the repository at its environment commit
-and the package index, and the first two are part of the environment's key.
+`build --json`, with what got installed. The outcome depends on the recipe, the repository at its
+environment commit and the package index; the first two are part of the environment's key.
 """
 
 from __future__ import annotations
