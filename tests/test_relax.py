@@ -217,6 +217,7 @@ def test_conflicting_pins_install_as_conda_installed_them(
     assert asyncio.run(_versions(builder, task)).split() == ["2.31.0", "1.20"]
     meta = builder.store.meta(result.env_layer)
     assert meta["unresolved"] and "urllib3==1.20" in meta["installed"]
+    assert any("urllib3" in line for line in meta["inconsistent"]), meta["inconsistent"]
     logs = builder.settings.logs / builder.env_ref(task).replace("/", "_")
     assert (
         "installed without dependency resolution, 0 relaxations"

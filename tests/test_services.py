@@ -16,7 +16,13 @@ from minisandbox.loaders import (
     recipe_overrides,
     version_matches,
 )
-from minisandbox.services import ServiceError, start_services, tools_interpreter, tools_ref
+from minisandbox.services import (
+    ServiceError,
+    check_services,
+    start_services,
+    tools_interpreter,
+    tools_ref,
+)
 from minisandbox.specs import EnvRecipe
 
 # Prints what a GET of $HTTPBIN_URL<path> answered: the status, then the body.
@@ -136,13 +142,24 @@ async def test_web_serves_the_files_of_public_hosts(settings: BuildSettings, bui
             assert r.stdout.split()[:2] == ["200", "text/html"], r  # a directory: index.html
             for url in (
                 "https://www.google.com/NOT_EXIST.PNG",
-                "http://www.python.org/static/img/../../../../etc/passwd",
+                "http://www.python.org/static/img/" + "../" * 12 + "etc/passwd",
                 "http://www.google.com/static/img/python-logo.png",  # another host's file
             ):
                 r = await sb.execute(["python", "/tmp/get.py", url, bundle])
                 assert r.stdout.split()[0] == "404", (url, r)
         r = await sb.execute(["python", "/tmp/get.py", logo, bundle])
         assert r.exit_code != 0  # stopped with the block: the name no longer answers
+    # Names are checked before anything is read: no path out of data/web/, no unknown host,
+    # and one service answering as public hosts.
+    for services, why in [
+        (["web:.."], "not a host name"),
+        (["web:../../../../etc"], "not a host name"),
+        (["web:www.example.org"], "no files for www.example.org"),
+        (["httpbin:httpbin.org", "web:www.python.org"], "both answer as public hosts"),
+    ]:
+        bad = task.model_copy(update={"services": services})
+        with pytest.raises(ServiceError, match=why):
+            check_services(bad)
 
 
 async def test_without_tarpit_unroutable_fails_at_once(

@@ -24,6 +24,8 @@ def test_apt_install_commands_name_their_packages() -> None:
         "pre_install: sed -i 's/pytest/pytest -rA/' tox.ini",
     ]
     assert apt_packages(commands) == ["graphviz", "imagemagick", "ffmpeg", "locales"]
+    tricky = ["apt-get install -y -o Dpkg::Options::=--force-confold tk=8.6 libx/bookworm >/x"]
+    assert apt_packages(tricky) == ["tk", "libx"]
 
 
 @needs_dpkg

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, Field
 
 from . import githistory, relax, safefs
@@ -201,8 +202,9 @@ class BuildResult(BaseModel):
     built_layers: list[str] = []  # the refs this build made (the others were in the store)
     step: str | None = None  # the build step that failed
     recorded_failure: bool = False  # failed at once: the environment's failure was recorded
-    # The recipe's pins conflict as pip packages: installed as they are, without resolving
-    # their declared dependencies, as conda did (Builder._install_relaxed).
+    # The recipe's pins did not install as pip packages (a conflict, or a pin that does not
+    # build): installed as they are, without resolving their declared dependencies, as conda
+    # did (Builder._install_relaxed).
     unresolved: bool = False
     # Pins its environment relaxed to install (relax.py): none for most recipes.
     relaxed: list[relax.Relaxation] = []
@@ -253,8 +255,10 @@ class Builder:
             "pre_install": task.pre_install,
             "install": task.install,
             "bug_patch": task.bug_patch,
-            "eval_requirements": eval_pip_requirements(task.eval_script or ""),
         }
+        extra = eval_pip_requirements(task.eval_script or "")
+        if extra:  # (absent when none: the other tasks' keys stay as they were)
+            spec["eval_requirements"] = extra
         digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
         return f"task/{digest}"
 
@@ -470,14 +474,14 @@ class Builder:
                 await self._step(sb, ref, logs, "layout", f"bash /tmp/standalone.sh {args}")
                 await sb.write_file("/tmp/build-constraints.txt", "".join(constraints))
                 relaxed: list[relax.Relaxation] = []
-                installed: list[str] = []
+                unresolved: dict[str, list[str]] | None = None
                 if task.env.requirements:
                     try:
                         await self._install(sb, ref, logs, task, task.env.requirements, [])
                     except BuildError as e:
                         if not task.env.relax_pins:
                             raise
-                        relaxed, installed = await self._install_relaxed(sb, ref, logs, task, e)
+                        relaxed, unresolved = await self._install_relaxed(sb, ref, logs, task, e)
                 # Bytecode now, once: otherwise the first import or pip run of every task
                 # writes its own copy of the environment's .pyc files into its task layer.
                 # Only site-packages: the standard library is the interpreter's (read-only).
@@ -498,9 +502,9 @@ class Builder:
                 "build_constraints": [line.strip() for line in constraints],
                 "relaxed": [r.model_dump() for r in relaxed],
             }
-            if installed:  # installed without resolving: what it holds, on the day it was built
-                meta["unresolved"] = True
-                meta["installed"] = installed
+            if unresolved is not None:  # installed without resolving: what it holds, and
+                meta["unresolved"] = True  # what pip finds inconsistent in it
+                meta.update(unresolved)
             return await self._publish(ref, layer_dir, meta, interp, logs, made, force)
 
     async def _install(
@@ -530,13 +534,14 @@ class Builder:
 
     async def _install_relaxed(
         self, sb: Sandbox, ref: str, logs: Path, task: Task, strict: BuildError
-    ) -> tuple[list[relax.Relaxation], list[str]]:
+    ) -> tuple[list[relax.Relaxation], dict[str, list[str]]]:
         """After the strict install failed with `strict` (the pins conflict as pip packages, or
         one does not build), install them as conda did: every pin as it is, without resolving
         the dependencies their PyPI metadata declares (`--no-deps`; an export lists the whole
         environment). A pin that still fails to install then steps down relax.py's ladder, one
         at a time. Every round is kept in resolve.log (the last install's output in
-        requirements.log). Returns the steps and what got installed (`uv pip freeze`).
+        requirements.log). Returns the steps, and what got installed (`uv pip freeze`) and
+        which declared dependencies it leaves unmet (`uv pip check`).
 
         Raises:
             BuildError: an install's own failure when it is neither a conflict among the
@@ -589,10 +594,13 @@ class Builder:
                 out.flush()
             steps = relaxer.steps if relaxer else []
             out.write(f"# installed without dependency resolution, {len(steps)} relaxations\n")
-        frozen = await sb.execute(
-            ["uv", "pip", "freeze", "--python", f"{VENV}/bin/python"], merge_stderr=True
-        )
-        return steps, frozen.stdout.split() if frozen.exit_code == 0 else []
+        python = f"{VENV}/bin/python"
+        frozen = await sb.execute(["uv", "pip", "freeze", "--python", python])
+        # The declared dependencies the environment leaves unmet, as conda's did (uv reports
+        # them on stderr, one "The package `a` requires `b`, but ..." line each).
+        check = await sb.execute(["uv", "pip", "check", "--python", python], merge_stderr=True)
+        unmet = [line.strip() for line in check.stdout.splitlines() if " requires " in line]
+        return steps, {"installed": frozen.stdout.splitlines(), "inconsistent": unmet}
 
     def _environment_imports(
         self, task: Task, logs: Path
@@ -1012,27 +1020,59 @@ class Builder:
                 yield sb
 
 
-_PIP_INSTALL = re.compile(r"^\s*(?:python[\d.]*\s+-m\s+)?pip3?\s+install\s+(?P<args>.+)$")
+_PIP_INSTALL = re.compile(r"^(?:python[\d.]*\s+-m\s+)?pip3?\s+install\s+(?P<args>.+)$")
+_HEREDOC = re.compile(r"<<-?\s*['\"]?(\w+)['\"]?")
+_PIP_FLAGS = {"-q", "--quiet", "-v", "--verbose", "-U", "--upgrade", "--pre"}
+_SHELL_OPERATORS = {"&&", "||", ";", "|", "&", ">", ">>", "<", "2>&1"}
 
 
 def eval_pip_requirements(script: str) -> list[str]:
     """The requirements an eval script installs from the index besides the package itself
     (astropy 3.1's runs `pip install 'pytest<7.2'` before its tests). The official harness
     fetches them while evaluating; evaluation here is offline, so the task's build downloads
-    them into WHEELHOUSE, where evaluation's pip looks."""
+    them into WHEELHOUSE, where evaluation's pip looks. (They are the harness's steps, not the
+    fix: nothing of the hidden patches, whose heredoc bodies are skipped.)
+
+    The script is data, so only plain requirements are taken: a line with any option other
+    than -q/-v/-U/--pre (an index URL, a requirements file) is left out whole, and so is a
+    word that is not a requirement `packaging` reads without a URL, or holds `$` (pip expands
+    variables in requirement files)."""
     out: list[str] = []
-    for line in script.splitlines():
+    heredoc: str | None = None
+    for raw in script.splitlines():
+        line = raw.strip()
+        if heredoc is not None:
+            if line == heredoc:
+                heredoc = None
+            continue
+        if (m := _HEREDOC.search(line)) is not None:
+            heredoc = m.group(1)
         m = _PIP_INSTALL.match(line)
         if m is None:
             continue
         try:
-            words = shlex.split(m.group("args"))
+            words = shlex.split(m.group("args"), comments=True)
         except ValueError:
             continue
-        if any(w == "-e" or w == "." or w.startswith((".[", "./", "/", "-r")) for w in words):
-            continue  # the package itself (reinstalled from the wheelhouse) or a file
-        out += [w for w in words if not w.startswith("-") and w not in out]
+        for i, word in enumerate(words):
+            if word in _SHELL_OPERATORS:
+                words = words[:i]
+                break
+        if any(w.startswith("-") and w not in _PIP_FLAGS for w in words):
+            continue  # an index, a file, an editable install: not a plain requirement
+        reqs = [w for w in words if not w.startswith("-")]
+        if all(_plain_requirement(w) for w in reqs):
+            out += [r for r in reqs if r not in out]
     return out
+
+
+def _plain_requirement(word: str) -> bool:
+    if "$" in word or any(c.isspace() for c in word) or word in (".", "..") or "/" in word:
+        return False
+    try:
+        return Requirement(word).url is None
+    except InvalidRequirement:
+        return False
 
 
 def host_warnings(task: Task) -> list[str]:

@@ -654,7 +654,7 @@ def build(
             "warnings": {r.task_id: r.warnings for r in results if r.warnings},
             # Environments whose pins conflict as pip packages, installed as they are.
             "unresolved": [r.task_id for r in results if r.unresolved],
-            # Pins an environment had to relax to resolve (relax.py), per task.
+            # Pins an environment stepped down to install (relax.py), per task.
             "relaxed": {
                 r.task_id: [x.model_dump(exclude={"conflict"}) for x in r.relaxed]
                 for r in results

@@ -21,6 +21,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shlex
 import sys
 from collections.abc import AsyncIterator
@@ -139,12 +140,37 @@ def parse_service(spec: str) -> tuple[str, list[str]]:
     return name.strip(), [a.strip() for a in args.split(",") if a.strip()]
 
 
+_HOST_NAME = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))+$")
+
+
 def check_services(task: Task) -> None:
+    """Raises ServiceError for an unknown service, a public name that is not a DNS host name,
+    a `web` host the package holds no files for, or two services answering as public hosts
+    (both would serve ports 80 and 443)."""
     unknown = [s for s in task.services if parse_service(s)[0] not in KNOWN_SERVICES]
     if unknown:
         raise ServiceError(
             f"task {task.id}: unknown service {unknown[0]!r} (known: {', '.join(KNOWN_SERVICES)})"
         )
+    public = [parse_service(s) for s in dict.fromkeys(task.services)]
+    public = [(name, args) for name, args in public if name in ("httpbin", "web") and args]
+    if len(public) > 1:
+        raise ServiceError(
+            f"task {task.id}: services {', '.join(n for n, _ in public)} both answer as public "
+            "hosts on ports 80 and 443: name all the hosts in one of them"
+        )
+    for name, hosts in public:
+        for host in hosts:
+            if not _HOST_NAME.match(host):
+                raise ServiceError(f"task {task.id}: {name}: {host!r} is not a host name")
+            if name == "web" and not (_web_root() / host).is_dir():
+                raise ServiceError(
+                    f"task {task.id}: web: no files for {host} (data/web/{host}/ in the package)"
+                )
+
+
+def _web_root() -> Traversable:
+    return resources.files("minisandbox") / "data" / "web"
 
 
 # ---------------------------------------------------------------- tools environments
@@ -261,7 +287,7 @@ async def _web(sb: Sandbox, public_names: list[str]) -> AsyncIterator[dict[str, 
     elsewhere."""
     if not public_names:
         raise ServiceError("web: name the public hosts it answers as (web:host,...)")
-    root = resources.files("minisandbox") / "data" / "web"
+    root = _web_root()  # the names are checked host names with files (check_services)
     for host in public_names:
         for path, data in _files_under(root / host, host):
             await sb.write_file(f"{_WEB_FILES}/{path}", data)
@@ -333,7 +359,7 @@ async def _serve_names(sb: Sandbox, names: list[str], hosts_path: str) -> None:
     holds no capabilities."""
     for name in names:
         if not all(c.isalnum() or c in "-." for c in name):
-            raise ServiceError(f"httpbin: {name!r} is not a host name")
+            raise ServiceError(f"{name!r} is not a host name")
     hosts = (await sb.execute(["cat", "/etc/hosts"])).stdout
     await sb.write_file(hosts_path, hosts + "".join(f"127.0.0.1 {n}\n" for n in names))
     await _bind_over(sb, hosts_path, "/etc/hosts")
@@ -362,7 +388,7 @@ async def _trust(sb: Sandbox, ca_path: str) -> AsyncIterator[None]:
             f"cat {shlex.quote(ca_path)} >> {shlex.quote(bundle)}"
         )
         if r.exit_code != 0:
-            raise ServiceError(f"httpbin: cannot add the test CA to {bundle}: {r.stdout}")
+            raise ServiceError(f"cannot add the test CA to {bundle}: {r.stdout}")
     try:
         yield
     finally:
@@ -439,7 +465,7 @@ async def _wait_ready(sb: Sandbox, server: asyncio.Task, python: str, info: str)
     while loop.time() < deadline:
         if server.done():
             out = server.result().stdout if not server.exception() else str(server.exception())
-            raise ServiceError(f"httpbin exited before it was ready:\n{out[-2000:]}")
+            raise ServiceError(f"the test service exited before it was ready:\n{out[-2000:]}")
         r = await sb.execute(f"cat {info} 2>/dev/null")
         words = r.stdout.split()
         if r.exit_code == 0 and len(words) == 2:
@@ -447,7 +473,7 @@ async def _wait_ready(sb: Sandbox, server: asyncio.Task, python: str, info: str)
             if (await sb.execute([python, "-I", f"{info}-probe.py", port])).exit_code == 0:
                 return port, pid
         await asyncio.sleep(0.05)
-    raise ServiceError(f"httpbin was not ready after {READY_TIMEOUT:g} s")
+    raise ServiceError(f"the test service was not ready after {READY_TIMEOUT:g} s")
 
 
 @contextlib.asynccontextmanager

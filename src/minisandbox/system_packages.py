@@ -16,7 +16,8 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 
-_APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+(?:-\S+\s+)*install\b(?P<args>[^;&|]*)")
+_APT_INSTALL = re.compile(r"\bapt(?:-get)?\s+(?:-\S+\s+)*install\b(?P<args>[^;&|<>#\n]*)")
+_OPTION_WITH_VALUE = {"-o", "--option", "-t", "--target-release", "-c", "--config-file"}
 
 
 def apt_packages(commands: Iterable[str]) -> list[str]:
@@ -28,7 +29,14 @@ def apt_packages(commands: Iterable[str]) -> list[str]:
                 words = shlex.split(m.group("args"))
             except ValueError:
                 words = m.group("args").split()
-            out += [w for w in words if not w.startswith("-") and w not in out]
+            skip = False
+            for word in words:
+                if skip or word.startswith("-"):
+                    skip = word in _OPTION_WITH_VALUE  # its value is the next word
+                    continue
+                name = re.split(r"[=/]", word, maxsplit=1)[0]  # pkg=1.2, pkg/bookworm
+                if name and name not in out:
+                    out.append(name)
     return out
 
 
