@@ -333,6 +333,7 @@ class Builder:
                 recorded_failure=isinstance(e, RecordedBuildFailure),
                 seconds=time.monotonic() - began,
             )
+        env_meta = self.store.meta(env_layer) or {}
         return BuildResult(
             task_id=task.id,
             status="built" if made else "cached",
@@ -340,20 +341,14 @@ class Builder:
             env_layer=env_layer,
             task_layer=task_layer,
             seconds=time.monotonic() - began,
-            relaxed=self.relaxed(env_layer),
-            unresolved=self.unresolved(env_layer),
+            relaxed=_relaxations(env_meta),
+            unresolved=bool(env_meta.get("unresolved")),
             warnings=host_warnings(task),
         )
 
-    def unresolved(self, env_layer: str) -> bool:
-        """Whether the environment's pins were installed as they are, without resolving their
-        declared dependencies (they conflict as pip packages: `_install_relaxed`)."""
-        return bool((self.store.meta(env_layer) or {}).get("unresolved"))
-
     def relaxed(self, env_layer: str) -> list[relax.Relaxation]:
         """The pins an environment layer relaxed (recorded in its metadata at build)."""
-        meta = self.store.meta(env_layer) or {}
-        return [relax.Relaxation.model_validate(r) for r in meta.get("relaxed") or []]
+        return _relaxations(self.store.meta(env_layer) or {})
 
     async def build_env(self, task: Task, *, force: bool = False) -> str:
         """Build (or find) only the task's environment layer and return its id: environments
@@ -577,10 +572,11 @@ class Builder:
                     )
                 try:
                     step = relaxer.step(error)
+                except relax.NotRelaxable as e:
+                    out.write(f"# {e}\n")
+                    raise failed from None  # the install's own error, not a conflict
                 except relax.RelaxationFailed as e:
                     out.write(f"# {e}\n")
-                    if "neither" in str(e) or "not a conflict" in str(e):
-                        raise failed from None  # the install's own error, not a conflict
                     raise BuildError(
                         ref,
                         "resolve",
@@ -616,31 +612,18 @@ class Builder:
             return None, None
         log = logs / "resolve-source.log"
         source = self._repo_source(task, log, commits=[commit])
-
-        def git(*args: str, ok: tuple[int, ...] = (0,)) -> str:
-            r = subprocess.run(
-                ["git", "-C", str(source), *args],
-                capture_output=True,
-                text=True,
-                check=False,
-                env={**os.environ, **githistory.GIT_ENV},
-            )
-            if r.returncode not in ok:
-                log.write_text(f"$ git {' '.join(args)}\n{r.stderr}")
-                raise BuildError(
-                    task.id,
-                    "resolve",
-                    log,
-                    f": cannot read {task.repo} at its environment commit {commit} in {source}: "
-                    f"{r.stderr.strip()[-300:]}",
-                )
-            return r.stdout
-
-        # grep exits 1 when nothing matches: a repository that imports nothing.
-        found = git(
-            "grep", "-h", "-I", "-E", r"^\s*(import|from)\s", commit, "--", "*.py", ok=(0, 1)
-        )
-        date = git("log", "-1", "--format=%cI", commit).strip() or None
+        try:
+            found = githistory.python_imports_at(source, commit)
+            date = githistory.commit_date(source, commit) or None
+        except githistory.HistoryError as e:
+            log.write_text(f"{e}\n")
+            raise BuildError(
+                task.id,
+                "resolve",
+                log,
+                f": cannot read {task.repo} at its environment commit {commit} in {source}: "
+                f"{str(e)[-300:]}",
+            ) from None
         return relax.imported_names([found]), date
 
     async def _task_layer(self, task: Task, env_layer: str, force: bool, made: list[str]) -> str:
@@ -1073,6 +1056,10 @@ def _plain_requirement(word: str) -> bool:
         return Requirement(word).url is None
     except InvalidRequirement:
         return False
+
+
+def _relaxations(env_meta: dict) -> list[relax.Relaxation]:
+    return [relax.Relaxation.model_validate(r) for r in env_meta.get("relaxed") or []]
 
 
 def host_warnings(task: Task) -> list[str]:

@@ -61,7 +61,13 @@ class HistoryError(MiniSandboxError):
     missing."""
 
 
-def _git(repo: str | Path, *args: str, stdin: str | None = None, check: bool = True) -> str:
+def _git(
+    repo: str | Path,
+    *args: str,
+    stdin: str | None = None,
+    check: bool = True,
+    ok: tuple[int, ...] = (0,),
+) -> str:
     env = {**os.environ, **GIT_ENV}
     r = subprocess.run(
         ["git", "-C", str(repo), *args],
@@ -71,7 +77,7 @@ def _git(repo: str | Path, *args: str, stdin: str | None = None, check: bool = T
         env=env,
         check=False,
     )
-    if check and r.returncode != 0:
+    if check and r.returncode not in ok:
         raise HistoryError(f"git {' '.join(args[:3])} in {repo} failed: {r.stderr.strip()[-500:]}")
     return r.stdout
 
@@ -291,6 +297,18 @@ def checkout_past(
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
+
+
+def python_imports_at(source: str | Path, commit: str) -> str:
+    """The import lines of the Python files of `source` at `commit` (git grep; none is "")."""
+    # grep exits 1 when nothing matches: a repository that imports nothing.
+    pattern = r"^\s*(import|from)\s"
+    return _git(source, "grep", "-h", "-I", "-E", pattern, commit, "--", "*.py", ok=(0, 1))
+
+
+def commit_date(source: str | Path, commit: str) -> str:
+    """The committer date of `commit` (ISO 8601)."""
+    return _git(source, "log", "-1", "--format=%cI", commit).strip()
 
 
 class Submodule(NamedTuple):

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import MiniSandboxError
+from .relax import normalise
 from .specs import EnvRecipe, Task, files_in_patch, path_name_problem, task_id_problem
 
 log = logging.getLogger(__name__)
@@ -783,13 +784,9 @@ def conda_only_packages() -> frozenset[str]:
     return frozenset(name for name in names if name)
 
 
-def _normalise_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def _requirement_name(line: str) -> str | None:
     m = _REQ_NAME.match(line)
-    return _normalise_name(m.group(1)) if m else None
+    return normalise(m.group(1)) if m else None
 
 
 def conda_env_to_recipe(path: str | Path) -> EnvRecipe:
@@ -833,7 +830,7 @@ def conda_env_to_recipe(path: str | Path) -> EnvRecipe:
             skipped.append(f"{dep}: version is not a pip version")
             continue
         pypi = CONDA_TO_PYPI.get(name, name)
-        key = _normalise_name(pypi)
+        key = normalise(pypi)
         if key in pins:  # a split or alias of a package already pinned ("matplotlib-base")
             if versions[key] != version:
                 skipped.append(f"{dep}: conflicts with {pins[key]}")
@@ -983,12 +980,12 @@ def apply_recipe_overrides(
             continue
         label = f"override ({o.repo}{' ' + o.version if o.version else ''})"
         for name in o.drop:
-            key = _normalise_name(name)
+            key = normalise(name)
             removed = [r for r in requirements if _requirement_name(r) == key]
             requirements = [r for r in requirements if _requirement_name(r) != key]
             notes += [f"{label}: dropped {r}" for r in removed]
         for name, requirement in o.pins.items():
-            key = _normalise_name(name)
+            key = normalise(name)
             if _requirement_name(requirement) != key:
                 raise TaskFormatError(f"{label}: pin {name!r} is {requirement!r}, another name")
             at = [i for i, r in enumerate(requirements) if _requirement_name(r) == key]

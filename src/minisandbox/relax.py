@@ -138,6 +138,11 @@ class RelaxationFailed(Exception):
     """No rung is left to try: the conflict is only among packages the repository imports."""
 
 
+class NotRelaxable(RelaxationFailed):
+    """The failure is not one relaxing answers: neither a conflict between the recipe's pins
+    nor a failed build of one (a missing package, the index unreachable)."""
+
+
 class Relaxer:
     """The ladder above, over one recipe's requirement lines.
 
@@ -199,13 +204,13 @@ class Relaxer:
         if built is not None:
             return self._failed_build(normalise(built.group(1)), error[built.start() :])
         if UNSATISFIABLE not in error:
-            raise RelaxationFailed("neither a conflict between pins nor a failed build")
+            raise NotRelaxable("neither a conflict between pins nor a failed build")
         conflict = _explanation(error)
         ours = [n for n in _names_in(conflict) if n in self._order]
         if not any(n in self._rung for n in ours) and (len(ours) < 2 or _MISSING in conflict):
             # Not a conflict between pins (a package missing from the index, a version never
             # released): relaxing would only hide it.
-            raise RelaxationFailed(f"not a conflict between the recipe's pins: {conflict}")
+            raise NotRelaxable(f"not a conflict between the recipe's pins: {conflict}")
         named = [n for n in ours if self._next(n) is not None]
         if not named:
             raise RelaxationFailed(
