@@ -95,9 +95,12 @@ def test_all_verified_instances_parse(verified: dict[str, Task]) -> None:
         assert task.source == str(VERIFIED)
         assert task.eval_script and task.image
         assert re.fullmatch(r"3\.\d+\.\d+", task.env.python), task.id
-    # Instances with the same exported environment share one layer.
+    # Instances with the same exported environment and environment commit share one layer.
     keys = {t.environment_key(t.env.python) for t in verified.values()}
-    assert 1 < len(keys) < 100
+    origins = {
+        (t.env.key(t.env.python), t.repo, t.environment_setup_commit) for t in verified.values()
+    }
+    assert len(keys) == len(origins) and 1 < len(keys) < len(verified) / 4
 
 
 def test_verified_requests_instance(verified: dict[str, Task]) -> None:
