@@ -26,7 +26,8 @@ from typing import Any
 
 from _common import host_info, log, run_main
 
-from minisandbox import Sandbox, SandboxConfig, ShellSession, runtime
+from minisandbox import Sandbox, SandboxConfig, ShellSession
+from minisandbox.sandbox import runtime
 
 TARGET_PSS_MB = 5.0
 MB = 1024 * 1024

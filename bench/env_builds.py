@@ -21,10 +21,10 @@ from typing import Any
 
 from _common import host_info, log, run_main
 
-from minisandbox.builder import Builder, BuildError, BuildSettings
 from minisandbox.errors import MiniSandboxError
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import Task
+from minisandbox.tasks.builder import Builder, BuildError, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 DEFAULT_REPOS = ["django/django", "scikit-learn/scikit-learn", "matplotlib/matplotlib"]
 

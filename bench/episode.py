@@ -24,11 +24,11 @@ from typing import Any
 
 from _common import host_info, log, percentile, run_main
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.evaluation import EVAL_ENV, Evaluator, make_eval_script
+from minisandbox.evaluation.evaluator import EVAL_ENV, Evaluator, make_eval_script
 from minisandbox.integrations.tasks import TaskSandbox
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import Task
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 # What SWE-agent runs to reset the repository at the start of an episode.
 RESET = "git status >/dev/null && git restore . && git reset --hard -q && git clean -fdq"

@@ -22,10 +22,10 @@ from typing import Any
 
 from _common import host_info, log, percentile, run_main
 
-from minisandbox.builder import Builder, BuildResult, BuildSettings
-from minisandbox.evaluation import EvalResult, Evaluator
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import Task
+from minisandbox.evaluation.evaluator import EvalResult, Evaluator
+from minisandbox.tasks.builder import Builder, BuildResult, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 DEFAULT_REPOS = ["psf/requests", "pytest-dev/pytest", "pallets/flask"]
 DEFAULT_WORK_DIR = Path("~/.cache/minisandbox-bench/fidelity")

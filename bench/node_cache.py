@@ -39,8 +39,8 @@ from prep_time import (
     start_paper,
 )
 
-from minisandbox.store import LayerStore
-from minisandbox.validation import check_history
+from minisandbox.evaluation.validation import check_history
+from minisandbox.layers.store import LayerStore
 
 SYMPY_IDS = [
     "sympy__sympy-11618",

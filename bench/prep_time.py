@@ -33,12 +33,12 @@ from typing import Any
 from _common import host_info, log, percentile, run_main
 
 from minisandbox import Sandbox, SandboxConfig
-from minisandbox.builder import VENV, Builder, BuildSettings
-from minisandbox.examples import materialize_mirror
-from minisandbox.loaders import load_tasks
-from minisandbox.runtime import remove_tree
-from minisandbox.specs import Task
-from minisandbox.store import LayerStore
+from minisandbox.layers.store import LayerStore
+from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.tasks.builder import VENV, Builder, BuildSettings
+from minisandbox.tasks.examples import materialize_mirror
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 DEFAULT_INSTANCE_IDS = [
     "psf__requests-1142",

@@ -20,8 +20,8 @@ from typing import Any
 from _common import host_info, log, run_main
 from prep_time import Job, add_task_args, build_jobs, load_jobs, make_all_tarballs, scratch_dir
 
-from minisandbox.runtime import remove_tree
-from minisandbox.store import LayerStore
+from minisandbox.layers.store import LayerStore
+from minisandbox.sandbox.runtime import remove_tree
 
 TARGET_RATIO = 1 / 3
 

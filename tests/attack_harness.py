@@ -25,7 +25,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from attacks import ATTACKS, AttackContext, AttackSkipped
-from minisandbox.runtime import remove_tree
+from minisandbox.sandbox.runtime import remove_tree
 
 CALLERS = ("unprivileged", "root")
 UNPRIVILEGED_UID = 4242

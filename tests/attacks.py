@@ -34,15 +34,15 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from minisandbox import Limits, Sandbox, SandboxConfig
-from minisandbox.bwrap import find_bwrap
 from minisandbox.errors import (
     MiniSandboxError,
     SandboxFileError,
     SandboxLimitError,
     SandboxNotRunningError,
 )
-from minisandbox.runtime import remove_tree
-from minisandbox.sandbox import ExecResult
+from minisandbox.sandbox.bwrap import find_bwrap
+from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.sandbox.sandbox import ExecResult
 
 MiB = 1024**2
 

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 from attacks import AttackContext, attack, scratch_subdir
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.examples import materialize_mirror
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import EnvRecipe, Task
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.examples import materialize_mirror
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 

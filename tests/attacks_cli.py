@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from attacks import AttackContext, attack, scratch_subdir
-from minisandbox.loaders import TaskFormatError, load_tasks
+from minisandbox.tasks.loaders import TaskFormatError, load_tasks
 
 CLI_TIMEOUT = 300
 

@@ -237,10 +237,10 @@ async def attack_eval_status_file_to_dev_zero(ctx: AttackContext) -> None:
     """A patch whose conftest.py links the grader's test-status file to /dev/zero: the real
     `evaluate` of a bundled example task must end normally, its reader refused (the exit
     status is then unknown), with the host's memory flat."""
-    from minisandbox.builder import Builder, BuildSettings
-    from minisandbox.evaluation import _RC_PATH, Evaluator
-    from minisandbox.examples import materialize_mirror
-    from minisandbox.loaders import load_tasks
+    from minisandbox.evaluation.evaluator import _RC_PATH, Evaluator
+    from minisandbox.tasks.builder import Builder, BuildSettings
+    from minisandbox.tasks.examples import materialize_mirror
+    from minisandbox.tasks.loaders import load_tasks
 
     base = Path(ctx.scratch_dir) / "files-attacks"
     base.mkdir(exist_ok=True)
@@ -407,9 +407,9 @@ async def attack_mapped_uid_writes_node_cache(ctx: AttackContext) -> None:
             "an unprivileged caller's sandboxes run as the caller itself: there is no other uid "
             "to keep out of its node cache"
         )
-    from minisandbox.compat import compat_layer
-    from minisandbox.nodecache import NodeCache
-    from minisandbox.store import LayerStore
+    from minisandbox.envs.compat import compat_layer
+    from minisandbox.layers.nodecache import NodeCache
+    from minisandbox.layers.store import LayerStore
 
     base = scratch_subdir(ctx, "cache-")
     src = base / "src"

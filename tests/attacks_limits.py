@@ -26,10 +26,11 @@ from attacks import (
     scratch_subdir,
     sh,
 )
-from minisandbox import Limits, Sandbox, SandboxConfig, safefs
-from minisandbox.cgroups import delegated_parent
+from minisandbox import Limits, Sandbox, SandboxConfig
 from minisandbox.errors import SandboxConfigError, SandboxLimitError, SandboxNotRunningError
-from minisandbox.runtime import remove_tree
+from minisandbox.sandbox.cgroups import delegated_parent
+from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.utils import safefs
 
 MiB = 1024**2
 
@@ -173,7 +174,7 @@ async def attack_total_memory_unenforced(ctx: AttackContext) -> None:
 START_LOOP = """
 import asyncio, sys
 from minisandbox import Sandbox, SandboxConfig
-from minisandbox.runtime import process_dir
+from minisandbox.sandbox.runtime import process_dir
 async def main():
     print("DIR", process_dir(), flush=True)
     n = 0
@@ -251,7 +252,8 @@ async def attack_sigkill_during_start(ctx: AttackContext) -> None:
 KEPT_UPPER = """
 import asyncio, sys
 from pathlib import Path
-from minisandbox import Sandbox, SandboxConfig, runtime
+from minisandbox import Sandbox, SandboxConfig
+from minisandbox.sandbox import runtime
 async def main():
     sb = Sandbox(SandboxConfig(upper=Path(sys.argv[1])))
     await sb.start()

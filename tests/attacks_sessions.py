@@ -10,7 +10,7 @@ import asyncio
 from attacks import AttackContext, attack, host_pids_with_arg, marker, sh
 from minisandbox import Sandbox, SandboxConfig
 from minisandbox.errors import CommandTimeoutError
-from minisandbox.session import RESTART_NOTE, ShellSession
+from minisandbox.sandbox.session import RESTART_NOTE, ShellSession
 
 
 async def _until(check: object, what: str, seconds: float = 20) -> None:

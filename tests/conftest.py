@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from minisandbox import Sandbox, SandboxConfig
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.examples import materialize_mirror
-from minisandbox.loaders import load_tasks
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.examples import materialize_mirror
+from minisandbox.tasks.loaders import load_tasks
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def layer_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="msb-test-"))
     os.chmod(path, 0o755)
     yield path
-    from minisandbox.runtime import remove_tree
+    from minisandbox.sandbox.runtime import remove_tree
 
     remove_tree(path)
 
@@ -53,7 +53,7 @@ def give_to_sandbox(path: Path) -> None:
 def home() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="msb-build-"))
     yield path
-    from minisandbox.runtime import remove_tree
+    from minisandbox.sandbox.runtime import remove_tree
 
     remove_tree(path)
 

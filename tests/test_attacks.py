@@ -33,7 +33,7 @@ from attack_harness import (
 )
 from attacks import ATTACKS, AttackContext, host_cmdline
 from minisandbox import Sandbox, SandboxConfig
-from minisandbox.runtime import remove_tree
+from minisandbox.sandbox.runtime import remove_tree
 
 REPO = Path(__file__).resolve().parent.parent
 IS_ROOT = os.geteuid() == 0
@@ -288,7 +288,7 @@ async def test_ro_path_under_tmp_is_readable() -> None:
 PLANTED_RUNTIME_PROBE = """
 import asyncio
 from minisandbox import Sandbox
-from minisandbox.runtime import process_dir
+from minisandbox.sandbox.runtime import process_dir
 async def main():
     async with Sandbox() as sb:
         await sb.execute("true")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.budget import IOBudgetError, LocalIOBudget, parse_size
+from minisandbox.layers.budget import IOBudgetError, LocalIOBudget, parse_size
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 
@@ -74,7 +74,7 @@ WORKER = textwrap.dedent(
     import asyncio, fcntl, json, os, random, sys, time
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from minisandbox.budget import LocalIOBudget
+    from minisandbox.layers.budget import LocalIOBudget
 
     state, log, limit, rounds = Path(sys.argv[2]), Path(sys.argv[3]), int(sys.argv[4]), 6
     budget = LocalIOBudget(state, limit)
@@ -144,7 +144,7 @@ HOLDER = textwrap.dedent(
     import sys, time
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from minisandbox.budget import LocalIOBudget
+    from minisandbox.layers.budget import LocalIOBudget
     with LocalIOBudget(Path(sys.argv[2]), 100).reserve_blocking(100):
         print("holding", flush=True)
         time.sleep(60)

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from conftest import give_to_sandbox
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import EnvRecipe, Task
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 
 def test_rebuild_is_cached_and_layers_are_shared(settings: BuildSettings, built: list) -> None:
@@ -81,8 +82,8 @@ def test_two_processes_build_one_environment_once(home: Path, settings: BuildSet
     code = (
         "import asyncio, json, sys\n"
         "from pathlib import Path\n"
-        "from minisandbox.builder import Builder, BuildSettings\n"
-        "from minisandbox.loaders import load_tasks\n"
+        "from minisandbox.tasks.builder import Builder, BuildSettings\n"
+        "from minisandbox.tasks.loaders import load_tasks\n"
         "s = BuildSettings(store=Path(sys.argv[1]), cache=Path(sys.argv[2]),"
         " git_mirror=Path(sys.argv[3]))\n"
         "t = load_tasks('examples')[2]\n"
@@ -129,7 +130,7 @@ def test_examples_mirror_made_by_concurrent_builders(tmp_path: Path) -> None:
     # Builders of the bundled tasks make their repositories on first use, several at once.
     from concurrent.futures import ThreadPoolExecutor
 
-    from minisandbox.examples import materialize_mirror
+    from minisandbox.tasks.examples import materialize_mirror
 
     mirror = tmp_path / "examples-mirror"
     with ThreadPoolExecutor(6) as pool:
@@ -228,7 +229,7 @@ def test_cache_gc_sweeps_the_work_dirs_of_killed_builds(layer_dir: Path) -> None
     links to host dirs). `cache gc` removes those of dead builders, without following a link,
     and keeps those of live ones and of other machines."""
     from minisandbox import Sandbox, SandboxConfig
-    from minisandbox.builder import _host, _start_time
+    from minisandbox.tasks.builder import _host, _start_time
     from test_cli import run_cli
 
     victim = layer_dir / "victim"
@@ -272,8 +273,8 @@ async def test_collecting_refuses_links_planted_in_the_upper(layer_dir: Path) ->
     on the way, or the directory itself, for a link to a host directory fails the build at
     'collect', and the host directory stays put."""
     from minisandbox import Sandbox, SandboxConfig
-    from minisandbox.builder import EVAL_WHEELHOUSE, BuildError, _collect
-    from minisandbox.services import TOOLS_ROOT
+    from minisandbox.evaluation.services import TOOLS_ROOT
+    from minisandbox.tasks.builder import EVAL_WHEELHOUSE, BuildError, _collect
 
     victim = layer_dir / "victim"
     (victim / "eval-wheelhouse").mkdir(parents=True)
@@ -308,8 +309,8 @@ async def test_collecting_refuses_links_planted_in_the_upper(layer_dir: Path) ->
 _BUILD_IN_A_PROCESS = (
     "import asyncio, sys\n"
     "from pathlib import Path\n"
-    "from minisandbox.builder import Builder, BuildSettings\n"
-    "from minisandbox.specs import Task\n"
+    "from minisandbox.tasks.builder import Builder, BuildSettings\n"
+    "from minisandbox.tasks.specs import Task\n"
     "s = BuildSettings(store=Path(sys.argv[1]), cache=Path(sys.argv[2]),"
     " git_mirror=Path(sys.argv[3]))\n"
     "task = Task.model_validate_json(sys.argv[4])\n"

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings, build_constraints
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import EnvRecipe, Task
-from minisandbox.toolchains import ToolchainNotFoundError, find_interpreter
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.envs.toolchains import ToolchainNotFoundError, find_interpreter
+from minisandbox.tasks.builder import Builder, BuildSettings, build_constraints
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.evaluation import START_MARKER
-from minisandbox.loaders import load_tasks
-from minisandbox.validation import TaskNotValidatedError, validate
+from minisandbox.evaluation.evaluator import START_MARKER
+from minisandbox.evaluation.validation import TaskNotValidatedError, validate
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
 
 CLI = [sys.executable, "-m", "minisandbox.cli"]
 EXAMPLES = [t.id for t in load_tasks("examples")]
@@ -354,7 +354,7 @@ def test_eval_on_a_full_report_disk(settings, built, caller: str, uid_runner) ->
             assert not list(report.glob("**/.*.tmp")), "temporary files left behind"
             assert not list(report.glob("*.json")), "a run summary of an unfinished run"
     finally:
-        from minisandbox.runtime import remove_tree
+        from minisandbox.sandbox.runtime import remove_tree
 
         remove_tree(work)
 
@@ -381,7 +381,7 @@ def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner) -> 
             _one_clear_line(r, fs)
             assert not list(report.glob("*.json")), "a run summary of an unfinished run"
     finally:
-        from minisandbox.runtime import remove_tree
+        from minisandbox.sandbox.runtime import remove_tree
 
         remove_tree(work)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from minisandbox.builder import WHEELHOUSE, Builder, BuildSettings, eval_pip_requirements
-from minisandbox.loaders import load_tasks
+from minisandbox.tasks.builder import WHEELHOUSE, Builder, BuildSettings, eval_pip_requirements
+from minisandbox.tasks.loaders import load_tasks
 
 
 def test_eval_script_pip_installs_are_read_apart_from_the_package() -> None:

@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.evaluation import Evaluator, grade, make_eval_script
-from minisandbox.loaders import load_tasks
-from minisandbox.specs import Task
+from minisandbox.evaluation.evaluator import Evaluator, grade, make_eval_script
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.examples import materialize_mirror
-from minisandbox.githistory import HistoryError, PackCache, checkout_past, object_counts
-from minisandbox.loaders import load_tasks
-from minisandbox.validation import check_history
+from minisandbox.envs.githistory import HistoryError, PackCache, checkout_past, object_counts
+from minisandbox.evaluation.validation import check_history
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.examples import materialize_mirror
+from minisandbox.tasks.loaders import load_tasks
 
 _ID = {
     "GIT_AUTHOR_NAME": "t",
@@ -149,7 +149,7 @@ def test_built_task_holds_no_future_and_validation_proves_it(tmp_path: Path) -> 
             await sb.write_file("/tmp/gold.patch", task.gold_patch)
             script = Path(__file__).parent.parent / "src/minisandbox/data/check_history.sh"
             await sb.upload(script, "/tmp/check.sh")
-            from minisandbox.specs import files_in_patch
+            from minisandbox.tasks.specs import files_in_patch
 
             r = await sb.execute(
                 [

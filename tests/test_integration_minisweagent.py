@@ -21,9 +21,9 @@ from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.environments import get_environment  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel  # noqa: E402
 
-from minisandbox.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.integrations.minisweagent import MiniSandboxEnvironment  # noqa: E402
-from minisandbox.loaders import load_tasks  # noqa: E402
+from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 
 V2 = int(mswea.__version__.split(".")[0]) >= 2
 v2_only = pytest.mark.skipif(not V2, reason="needs mini-swe-agent 2.x (1.x is installed)")

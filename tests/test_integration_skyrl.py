@@ -11,9 +11,9 @@ import pytest
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (extra: skyrl)")
 
-from minisandbox.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.integrations.skyrl import ENV_ID, MiniSandboxSWEEnv, run_rollout  # noqa: E402
-from minisandbox.loaders import load_tasks  # noqa: E402
+from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 
 TASK = "examples__datekit-1"
 PROMPT = [{"role": "user", "content": "fix it"}]

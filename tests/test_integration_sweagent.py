@@ -25,11 +25,11 @@ sweagent = pytest.importorskip(
     reason="SWE-agent is not installed (not on PyPI: pip install -e <a clone of its repository>)",
 )
 
-from minisandbox.builder import Builder, BuildSettings  # noqa: E402
-from minisandbox.evaluation import Evaluator  # noqa: E402
+from minisandbox.evaluation.evaluator import Evaluator  # noqa: E402
 from minisandbox.integrations.swerex import MiniSandboxDeploymentConfig  # noqa: E402
-from minisandbox.loaders import load_tasks  # noqa: E402
-from minisandbox.specs import Task  # noqa: E402
+from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.loaders import load_tasks  # noqa: E402
+from minisandbox.tasks.specs import Task  # noqa: E402
 
 TASK = "examples__tablekit-1"
 SOURCE = "/testbed/src/tablekit/__init__.py"

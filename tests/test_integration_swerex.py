@@ -33,12 +33,12 @@ from swerex.runtime.abstract import (
     WriteFileRequest,
 )
 
-from minisandbox.builder import BuildSettings
 from minisandbox.integrations.swerex import (
     MiniSandboxDeployment,
     MiniSandboxDeploymentConfig,
     MiniSandboxRuntime,
 )
+from minisandbox.tasks.builder import BuildSettings
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from minisandbox.budget import LocalIOBudget
-from minisandbox.nodecache import NodeCache
-from minisandbox.store import CorruptLayerError, LayerStore
+from minisandbox.layers.budget import LocalIOBudget
+from minisandbox.layers.nodecache import NodeCache
+from minisandbox.layers.store import CorruptLayerError, LayerStore
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 MiB = 1 << 20
@@ -57,8 +57,8 @@ CLIENT = textwrap.dedent(
     import os, sys, time
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from minisandbox.nodecache import NodeCache
-    from minisandbox.store import LayerStore
+    from minisandbox.layers.nodecache import NodeCache
+    from minisandbox.layers.store import LayerStore
 
     class RecordingStore(LayerStore):
         def unpack(self, layer_id, dest, **kw):
@@ -174,7 +174,7 @@ def test_lru_eviction_and_pins(tmp_path: Path, caplog: pytest.LogCaptureFixture)
 
     # Everything pinned and over the cap: nothing is evicted, and it is reported.
     with (
-        caplog.at_level(logging.WARNING, logger="minisandbox.nodecache"),
+        caplog.at_level(logging.WARNING, logger="minisandbox.layers.nodecache"),
         cache.use_sync([l1, l3]) as paths,
     ):
         assert all(p.is_dir() for p in paths)

@@ -7,8 +7,8 @@ import multiprocessing
 import os
 from pathlib import Path
 
-from minisandbox.pool import FilePool, pool_name
-from minisandbox.store import LayerStore
+from minisandbox.layers.pool import FilePool, pool_name
+from minisandbox.layers.store import LayerStore
 
 
 def _tree(root: Path, extra: str) -> Path:

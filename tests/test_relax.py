@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.loaders import load_tasks
-from minisandbox.relax import RelaxationFailed, Relaxer, imported_names, is_imported
-from minisandbox.specs import EnvRecipe, Task
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.envs.relax import RelaxationFailed, Relaxer, imported_names, is_imported
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 # uv 0.13's reports as the builder captures them (no terminal: no wrapping, no box drawing),
 # for SWE-bench's xarray exports.

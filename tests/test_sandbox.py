@@ -323,7 +323,7 @@ def test_user_namespaces_switched_off_is_named() -> None:
 
 
 async def test_cgroup_limits_where_delegated() -> None:
-    from minisandbox.cgroups import delegated_parent
+    from minisandbox.sandbox.cgroups import delegated_parent
 
     if delegated_parent() is None:
         pytest.skip("no delegated cgroup v2 with memory and pids controllers here (rlimits only)")
@@ -342,7 +342,7 @@ async def test_cgroup_limits_where_delegated() -> None:
 
 
 def test_disk_usage_counts_blocks_and_inodes_and_stops_at_a_cap(tmp_path: Path) -> None:
-    from minisandbox.sandbox import _disk_usage
+    from minisandbox.sandbox.sandbox import _disk_usage
 
     (tmp_path / "d" / "e").mkdir(parents=True)
     for i in range(50):
@@ -375,7 +375,7 @@ async def test_upper_caps_bound_one_file_and_name_the_limit() -> None:
 
 
 async def test_total_memory_bytes_is_refused_without_a_delegated_cgroup() -> None:
-    from minisandbox.cgroups import delegated_parent
+    from minisandbox.sandbox.cgroups import delegated_parent
 
     assert Limits().total_memory_bytes is None  # the default needs no cgroup
     if delegated_parent() is not None:

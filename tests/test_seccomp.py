@@ -1,4 +1,4 @@
-"""Tests for minisandbox.seccomp: static checks, a BPF emulator, and the real kernel."""
+"""Tests for minisandbox.sandbox.seccomp: static checks, a BPF emulator, and the real kernel."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from minisandbox.seccomp import DENIED_SYSCALLS, UnsupportedArchError, build_filter
+from minisandbox.sandbox.seccomp import DENIED_SYSCALLS, UnsupportedArchError, build_filter
 
 EPERM, ENOSYS = 1, 38
 ALLOW = 0x7FFF0000

@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.loaders import (
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.evaluation.services import (
+    ServiceError,
+    check_services,
+    start_services,
+    tools_interpreter,
+    tools_ref,
+)
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import (
     TaskFormatError,
     apply_recipe_overrides,
     load_recipe_overrides,
@@ -16,14 +24,6 @@ from minisandbox.loaders import (
     recipe_overrides,
     version_matches,
 )
-from minisandbox.services import (
-    ServiceError,
-    check_services,
-    start_services,
-    tools_interpreter,
-    tools_ref,
-)
-from minisandbox.specs import EnvRecipe
 
 # Prints what a GET of $HTTPBIN_URL<path> answered: the status, then the body.
 _GET = (

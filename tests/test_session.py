@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from minisandbox import Sandbox, procs
+from minisandbox import Sandbox
 from minisandbox.errors import CommandTimeoutError, SessionError
-from minisandbox.session import RESTART_NOTE, RESTARTED_EXIT_CODE
+from minisandbox.sandbox import procs
+from minisandbox.sandbox.session import RESTART_NOTE, RESTARTED_EXIT_CODE
 
 
 async def test_state_persists_between_commands(sandbox: Sandbox) -> None:

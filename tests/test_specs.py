@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from minisandbox.errors import MiniSandboxError
-from minisandbox.loaders import (
+from minisandbox.tasks.loaders import (
     CONDA_TO_PYPI,
     MissingDependencyError,
     TaskFormatError,
@@ -21,7 +21,13 @@ from minisandbox.loaders import (
     load_tasks,
     parse_eval_script,
 )
-from minisandbox.specs import EnvRecipe, Task, files_in_patch, path_name_problem, task_id_problem
+from minisandbox.tasks.specs import (
+    EnvRecipe,
+    Task,
+    files_in_patch,
+    path_name_problem,
+    task_id_problem,
+)
 
 yaml = pytest.importorskip("yaml")
 
@@ -165,7 +171,7 @@ def test_instance_ids_filter(verified: dict[str, Task]) -> None:
 
 
 def test_verified_without_envs_dir_names_the_instance() -> None:
-    from minisandbox.loaders import _swebench_specs_table
+    from minisandbox.tasks.loaders import _swebench_specs_table
 
     if _swebench_specs_table() is not None:
         tasks = load_tasks(VERIFIED, instance_ids=["psf__requests-2317"])

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
-from minisandbox.store import (
+from minisandbox.layers.store import (
     CorruptLayerError,
     LayerNotFoundError,
     LayerStore,
@@ -83,7 +83,7 @@ def make_tree(root: Path, *, big: int = 0) -> Path:
 
 
 def rmtree(path: Path) -> None:
-    from minisandbox.runtime import remove_tree
+    from minisandbox.sandbox.runtime import remove_tree
 
     remove_tree(path)
 
@@ -184,7 +184,7 @@ PUBLISHER = textwrap.dedent(
     import sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from minisandbox.store import LayerStore
+    from minisandbox.layers.store import LayerStore
     store = LayerStore(Path(sys.argv[2]), level=int(sys.argv[4]), workers=1)
     print(store.publish(Path(sys.argv[3])).id, flush=True)
     """
@@ -347,7 +347,7 @@ CONCURRENT_PUBLISHER = textwrap.dedent(
     import sys
     from pathlib import Path
     sys.path.insert(0, sys.argv[1])
-    from minisandbox.store import LayerStore
+    from minisandbox.layers.store import LayerStore
     print(LayerStore(Path(sys.argv[2])).publish(Path(sys.argv[3])).id)
     """
 )

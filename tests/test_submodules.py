@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings, _github_repo
-from minisandbox.githistory import HistoryError, PackCache, Submodule, add_submodule
-from minisandbox.loaders import load_tasks
+from minisandbox.envs.githistory import HistoryError, PackCache, Submodule, add_submodule
+from minisandbox.tasks.builder import Builder, BuildSettings, _github_repo
+from minisandbox.tasks.loaders import load_tasks
 
 
 def _git(repo: Path, *args: str) -> str:

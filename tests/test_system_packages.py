@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from minisandbox.builder import Builder, BuildSettings
-from minisandbox.loaders import load_tasks
-from minisandbox.system_packages import apt_packages, missing_on_host
+from minisandbox.envs.system_packages import apt_packages, missing_on_host
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
 
 needs_dpkg = pytest.mark.skipif(shutil.which("dpkg-query") is None, reason="not a dpkg host")
 

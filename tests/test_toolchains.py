@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.errors import MiniSandboxError
-from minisandbox.toolchains import (
+from minisandbox.envs.toolchains import (
     Interpreter,
     ToolchainNotFoundError,
     clear_cache,
     discover_interpreters,
     find_interpreter,
 )
+from minisandbox.errors import MiniSandboxError
 
 OWN_VERSION = platform.python_version()
 OWN_MINOR = ".".join(OWN_VERSION.split(".")[:2])

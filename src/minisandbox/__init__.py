@@ -8,22 +8,33 @@ __version__ = "0.1.0"
 
 # Exports resolve lazily so that `import minisandbox` (and the CLI's --help) stays fast.
 _EXPORTS = {
-    "Sandbox": "sandbox",
-    "ExecResult": "sandbox",
-    "SandboxConfig": "config",
-    "Limits": "config",
-    "ShellSession": "session",
-    "SessionResult": "session",
-    "SyncSandbox": "sync",
+    "Sandbox": "sandbox.sandbox",
+    "ExecResult": "sandbox.sandbox",
+    "SandboxConfig": "sandbox.config",
+    "Limits": "sandbox.config",
+    "ShellSession": "sandbox.session",
+    "SessionResult": "sandbox.session",
+    "SyncSandbox": "sandbox.sync",
+    "Builder": "tasks.builder",
+    "BuildSettings": "tasks.builder",
+    "Task": "tasks.specs",
+    "load_tasks": "tasks.loaders",
+    "evaluate": "evaluation.evaluator",
 }
 
 if TYPE_CHECKING:
-    from .config import Limits, SandboxConfig
-    from .sandbox import ExecResult, Sandbox
-    from .session import SessionResult, ShellSession
-    from .sync import SyncSandbox
+    from minisandbox.evaluation.evaluator import evaluate
+    from minisandbox.sandbox.config import Limits, SandboxConfig
+    from minisandbox.sandbox.sandbox import ExecResult, Sandbox
+    from minisandbox.sandbox.session import SessionResult, ShellSession
+    from minisandbox.sandbox.sync import SyncSandbox
+    from minisandbox.tasks.builder import Builder, BuildSettings
+    from minisandbox.tasks.loaders import load_tasks
+    from minisandbox.tasks.specs import Task
 
 __all__ = [
+    "BuildSettings",
+    "Builder",
     "ExecResult",
     "Limits",
     "Sandbox",
@@ -31,7 +42,10 @@ __all__ = [
     "SessionResult",
     "ShellSession",
     "SyncSandbox",
+    "Task",
     "__version__",
+    "evaluate",
+    "load_tasks",
 ]
 
 

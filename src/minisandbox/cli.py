@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import typer
 
-from .aio import all_or_none
+from minisandbox.utils.aio import all_or_none
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
     from rich.progress import Progress, TaskID
 
-    from .builder import Builder, BuildResult
-    from .config import SandboxConfig
-    from .evaluation import EvalResult
-    from .predictions import Prediction
-    from .sandbox import Sandbox
-    from .specs import Task
-    from .store import LayerStore
-    from .validation import Validation
+    from minisandbox.evaluation.evaluator import EvalResult
+    from minisandbox.evaluation.predictions import Prediction
+    from minisandbox.evaluation.validation import Validation
+    from minisandbox.layers.store import LayerStore
+    from minisandbox.sandbox.config import SandboxConfig
+    from minisandbox.sandbox.sandbox import Sandbox
+    from minisandbox.tasks.builder import Builder, BuildResult
+    from minisandbox.tasks.specs import Task
 
 app = typer.Typer(
     add_completion=False,
@@ -70,7 +70,7 @@ def _config(
     ro: list[Path] | None,
     workdir: str,
 ) -> SandboxConfig:
-    from .config import SandboxConfig
+    from minisandbox.sandbox.config import SandboxConfig
 
     _place("upper", upper, "--upper")
     try:
@@ -109,7 +109,7 @@ def _place(name: str, path: Path | None, knob: str) -> None:
 
 def _default_places() -> None:
     """The places every command may write to (the sandboxes' runtime directory)."""
-    from .runtime import runtime_root
+    from minisandbox.sandbox.runtime import runtime_root
 
     _place("runtime", runtime_root(), "MINISANDBOX_RUNTIME (or TMPDIR)")
 
@@ -268,7 +268,7 @@ AbsPathsOpt = typer.Option(
 
 
 def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | None) -> Builder:
-    from .builder import Builder, BuildSettings
+    from minisandbox.tasks.builder import Builder, BuildSettings
 
     settings = BuildSettings()
     updates: dict[str, object] = {}
@@ -287,7 +287,7 @@ def _builder(tasks: str, store: Path | None, cache: Path | None, mirror: Path | 
 def _load(
     tasks: str, envs_dir: Path | None, ids: list[str] | None, allow_abs: bool = False
 ) -> list[Task]:
-    from .loaders import load_tasks
+    from minisandbox.tasks.loaders import load_tasks
 
     return load_tasks(
         tasks, envs_dir=envs_dir, instance_ids=ids or None, allow_absolute_paths=allow_abs
@@ -311,8 +311,8 @@ def shell(
 ) -> None:
     """Open an interactive bash in a fresh sandbox. Everything is gone when you exit, unless you
     pass --upper DIR. With --task ID: in that task's environment (built first if needed)."""
-    from .errors import MiniSandboxError
-    from .sandbox import Sandbox
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.sandbox.sandbox import Sandbox
 
     try:
         if task:
@@ -330,7 +330,7 @@ async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> in
     import termios
     import tty
 
-    from .session import open_terminal
+    from minisandbox.sandbox.session import open_terminal
 
     cols, rows = shutil.get_terminal_size()
     env = {"TERM": os.environ.get("TERM", "xterm"), "PS1": r"(sandbox) \w\$ "}
@@ -404,7 +404,7 @@ def exec_(
     """Run one command in a fresh sandbox, stream its output, and exit with its exit code.
 
     Example: minisandbox exec --layer ./env -- python -c 'print(1)'"""
-    from .errors import CommandTimeoutError, MiniSandboxError
+    from minisandbox.errors import CommandTimeoutError, MiniSandboxError
 
     config = _config(layer, upper, network, ro, workdir)
     stdin = None if sys.stdin.isatty() else sys.stdin.buffer.read()
@@ -421,7 +421,7 @@ def exec_(
 async def _exec(
     config: SandboxConfig, command: list[str], timeout: float | None, stdin: bytes | None
 ) -> int:
-    from .sandbox import Sandbox
+    from minisandbox.sandbox.sandbox import Sandbox
 
     def stream(fd: int, chunk: bytes) -> None:
         out = sys.stdout.buffer if fd == 1 else sys.stderr.buffer
@@ -442,7 +442,7 @@ def demo(
 ) -> None:
     """Build the bundled example tasks, grade them in sandboxes (reward 0 without a patch, 1
     with the gold patch), and show side by side what sandboxes can and cannot do."""
-    from .errors import MiniSandboxError
+    from minisandbox.errors import MiniSandboxError
 
     try:
         if tasks:
@@ -456,8 +456,8 @@ async def _demo_tasks(builder: Builder) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .evaluation import Evaluator
-    from .loaders import load_tasks
+    from minisandbox.evaluation.evaluator import Evaluator
+    from minisandbox.tasks.loaders import load_tasks
 
     console = Console()
     tasks = load_tasks("examples")
@@ -504,7 +504,7 @@ async def _demo(n: int) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from .sandbox import Sandbox
+    from minisandbox.sandbox.sandbox import Sandbox
 
     console = Console()
     table = Table(title=f"{n} sandboxes, started concurrently")
@@ -558,7 +558,7 @@ def tasks_(
     from rich.console import Console
     from rich.table import Table
 
-    from .errors import MiniSandboxError
+    from minisandbox.errors import MiniSandboxError
 
     try:
         loaded = _load(tasks, envs_dir, ids, allow_abs)
@@ -622,7 +622,7 @@ def build(
 
     Each environment (a uv venv with pinned requirements) is built once and shared by the tasks
     with the same recipe; each task adds its repository at the base commit, installed."""
-    from .errors import MiniSandboxError
+    from minisandbox.errors import MiniSandboxError
 
     try:
         loaded = _load(tasks, envs_dir, ids, allow_abs)
@@ -768,8 +768,8 @@ async def _build_all(
 async def _validate_all(
     builder: Builder, tasks: list[Task], jobs: int, force: bool, progress: _Progress
 ) -> dict[str, Validation]:
-    from .errors import MiniSandboxError
-    from .validation import validate
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.evaluation.validation import validate
 
     limit = asyncio.Semaphore(max(1, jobs))
     verdicts: dict[str, Validation] = {}
@@ -789,7 +789,7 @@ async def _validate_all(
 
 
 def _unvalidated(task: Task, reason: str) -> Validation:
-    from .validation import Check, Validation, validation_key
+    from minisandbox.evaluation.validation import Check, Validation, validation_key
 
     none = Check(status="error", resolved=False, swebench_resolved=False, reason=reason)
     return Validation(
@@ -864,10 +864,15 @@ def eval_(
     --report/<model>.<run id>.json at the end. Exits 0 whatever the verdicts; 2 on bad input
     or when a write fails (disk full, quota, read-only, permission): then the run stops, the
     reports of the instances finished so far stay, and no summary is written."""
-    from .errors import MiniSandboxError
-    from .loaders import TaskNotFoundError
-    from .predictions import SPECIAL, PredictionsError, load_predictions, special_predictions
-    from .specs import path_name_problem
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.evaluation.predictions import (
+        SPECIAL,
+        PredictionsError,
+        load_predictions,
+        special_predictions,
+    )
+    from minisandbox.tasks.loaders import TaskNotFoundError
+    from minisandbox.tasks.specs import path_name_problem
 
     problem = path_name_problem(run_id)
     if problem is not None:
@@ -911,7 +916,7 @@ def eval_(
 
 def _check_writable(directory: Path) -> None:
     """Create `directory` and write a file in it, or raise the OSError that says why not."""
-    from .predictions import write_file
+    from minisandbox.evaluation.predictions import write_file
 
     directory.mkdir(parents=True, exist_ok=True)
     probe = directory / f".minisandbox-probe-{os.getpid()}"
@@ -950,8 +955,8 @@ async def _build_and_eval(
     written: list[str],
     progress: _Progress,
 ) -> dict[str, EvalResult]:
-    from .evaluation import EvalResult, Evaluator, evaluate_many
-    from .predictions import write_instance_report
+    from minisandbox.evaluation.evaluator import EvalResult, Evaluator, evaluate_many
+    from minisandbox.evaluation.predictions import write_instance_report
 
     builds = await _build_all(builder, todo, jobs, False, progress, final=False)
     results: dict[str, EvalResult] = {}
@@ -999,7 +1004,7 @@ def _eval_summary(
     from rich.console import Console
     from rich.table import Table
 
-    from .predictions import model_dir, run_report, write_file
+    from minisandbox.evaluation.predictions import model_dir, run_report, write_file
 
     model = next(iter(preds.values())).model_name_or_path
     summary_path = report_dir / f"{model_dir(model)}.{run_id}.json"
@@ -1050,8 +1055,8 @@ app.add_typer(cache_app, name="cache")
 
 
 def _store(store: Path | None) -> LayerStore:
-    from .builder import BuildSettings
-    from .store import LayerStore
+    from minisandbox.layers.store import LayerStore
+    from minisandbox.tasks.builder import BuildSettings
 
     return LayerStore(store or BuildSettings().store)
 
@@ -1092,7 +1097,7 @@ def cache_ls(store: Path = StoreOpt) -> None:
 def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt) -> None:
     """Bytes stored against bytes the layers hold unpacked (the deduplication), and the node
     cache's use of its cap."""
-    from .builder import Builder, BuildSettings
+    from minisandbox.tasks.builder import Builder, BuildSettings
 
     settings = BuildSettings()
     if store is not None:
@@ -1126,8 +1131,8 @@ def cache_verify(
 ) -> None:
     """Re-hash every blob and manifest, and every file of the node's pool against the store;
     exit 1 when anything is corrupt or missing."""
-    from .builder import BuildSettings
-    from .pool import FilePool
+    from minisandbox.layers.pool import FilePool
+    from minisandbox.tasks.builder import BuildSettings
 
     s = _store(store)
     report = s.check(repair=repair)
@@ -1156,7 +1161,7 @@ def cache_verify(
 def cache_gc(store: Path = StoreOpt) -> None:
     """Remove unreferenced layers and blobs, leftovers of interrupted publishes, and the work
     directories of builds whose process is gone (killed builds)."""
-    from .builder import BuildSettings, build_tmp, sweep_build_tmp
+    from minisandbox.tasks.builder import BuildSettings, build_tmp, sweep_build_tmp
 
     s = _store(store)
     report = s.gc()

@@ -26,11 +26,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from ..builder import Builder
-from ..errors import CommandTimeoutError, MiniSandboxError
-from ..evaluation import EvalResult
-from ..sync import background_loop, call_soon, run_sync
-from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox.errors import CommandTimeoutError, MiniSandboxError
+from minisandbox.evaluation.evaluator import EvalResult
+from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox.sandbox.sync import background_loop, call_soon, run_sync
+from minisandbox.tasks.builder import Builder
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 _TASK_DIRECTIVE = re.compile(r"^\s*#\s*minisandbox-task[\s:=]+(?P<task>\S+)\s*$")

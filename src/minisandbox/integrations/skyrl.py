@@ -20,10 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..builder import Builder
-from ..evaluation import EvalResult
-from .minisweagent import MiniSandboxEnvironment, submission
-from .tasks import DEFAULT_DATASET
+from minisandbox.evaluation.evaluator import EvalResult
+from minisandbox.integrations.minisweagent import MiniSandboxEnvironment, submission
+from minisandbox.integrations.tasks import DEFAULT_DATASET
+from minisandbox.tasks.builder import Builder
 
 try:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput

@@ -21,7 +21,7 @@ import sys
 import typing
 from typing import Any
 
-from .swerex import MiniSandboxDeploymentConfig
+from minisandbox.integrations.swerex import MiniSandboxDeploymentConfig
 
 # Modules of SWE-agent that bind swerex's DeploymentConfig when they are imported.
 _BINDERS = (

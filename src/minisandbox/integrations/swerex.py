@@ -73,13 +73,13 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "pip install 'swe-minisandbox[swerex]'"
     ) from e
 
-from .. import errors
-from ..config import Limits
-from ..rootfs import DEFAULT_PATH
-from ..sandbox import Sandbox
-from ..session import PROMPT_HOOK, ShellSession
-from ..sync import on_loop
-from .tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox import errors
+from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox.sandbox.config import Limits
+from minisandbox.sandbox.rootfs import DEFAULT_PATH
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.sandbox.session import PROMPT_HOOK, ShellSession
+from minisandbox.sandbox.sync import on_loop
 
 __all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
 

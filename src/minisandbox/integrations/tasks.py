@@ -11,12 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from ..builder import Builder, BuildSettings
-from ..errors import MiniSandboxError
-from ..evaluation import EvalResult, Evaluator
-from ..loaders import load_tasks
-from ..sandbox import Sandbox
-from ..specs import Task
+from minisandbox.errors import MiniSandboxError
+from minisandbox.evaluation.evaluator import EvalResult, Evaluator
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
 
 DEFAULT_DATASET = "examples"
 # swebench's image names: "swebench/sweb.eval.x86_64.psf_1776_requests-1142:latest", where

@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .errors import BwrapNotFoundError, UserNamespacesUnavailableError
+from minisandbox.errors import BwrapNotFoundError, UserNamespacesUnavailableError
 
 MIN_VERSION = (0, 11, 0)  # --overlay, --overlay-src and --tmp-overlay arrived in 0.11
 

@@ -1,4 +1,5 @@
-"""What a task is made of: the environment recipe (shared between tasks) and the task itself.
+"""What a task is: a repository at a commit, its environment recipe (envs.recipe, shared between
+tasks), how to install it and how to test it.
 
 The builder turns a task into two layers: an environment layer (a venv with the recipe's pinned
 requirements, keyed by `EnvRecipe.key`, so tasks with the same recipe share it) and a task layer
@@ -8,17 +9,14 @@ requirements, keyed by `EnvRecipe.key`, so tasks with the same recipe share it) 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import unicodedata
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-# Bump when the meaning of a recipe field changes, so that old environment layers stop matching.
-_KEY_FORMAT = 1
+from minisandbox.envs.recipe import EnvRecipe
 
-_PYTHON_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 # GitHub: owners are letters, digits and single hyphens; names may also hold "." and "_".
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
 _COMMIT = re.compile(r"[0-9a-f]{7,40}")
@@ -27,7 +25,6 @@ _TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 # A name used as one path component (a task id, a model's report directory, an environment
 # file's name): bounded so that "<name>.<suffix>" still fits the 255 bytes of a file name.
 MAX_NAME_BYTES = 200
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _DIFF_GIT = re.compile(r"^diff --git a/\S+ b/(\S+)$")
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
@@ -58,16 +55,6 @@ def task_id_problem(value: str) -> str | None:
     if not _TASK_ID.fullmatch(value):
         return "has a character other than letters, digits and . _ + - (or starts with one)"
     return None
-
-
-def _one_line(value: str) -> str:
-    """Collapse runs of whitespace so that cosmetic differences do not split layers."""
-    return " ".join(value.split())
-
-
-def minor_version(version: str) -> str:
-    """'3.9.18' -> '3.9'."""
-    return ".".join(version.split(".")[:2])
 
 
 def files_in_patch(patch: str) -> list[str]:
@@ -115,82 +102,6 @@ def files_in_patch(patch: str) -> list[str]:
 def _strip_prefix(path: str, prefix: str) -> str:
     path = path.split("\t")[0].strip()
     return path[len(prefix) :] if path.startswith(prefix) else path
-
-
-class EnvRecipe(BaseModel):
-    """How to build a task's Python environment: a venv of `python` with `requirements`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    python: str = Field(description='requested Python version: "3.9" or "3.9.18"')
-    requirements: list[str] = Field(
-        default_factory=list, description='pinned pip requirement lines, e.g. "numpy==1.26.4"'
-    )
-    pip_options: list[str] = Field(
-        default_factory=list, description='extra pip options, e.g. "--no-build-isolation"'
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict, description="variables set during the build and in sandboxes"
-    )
-    skipped: list[str] = Field(
-        default_factory=list,
-        description="what a conversion dropped, for the record; not part of the key",
-    )
-    relax_pins: bool = Field(
-        default=False,
-        description="when the pins do not install together, relax them one at a time (relax.py) "
-        "instead of failing: set for conda exports, whose pins were never resolved as one set",
-    )
-
-    @field_validator("python")
-    @classmethod
-    def _check_python(cls, value: str) -> str:
-        value = value.strip()
-        if not _PYTHON_VERSION.fullmatch(value):
-            raise ValueError(f'{value!r} is not a Python version like "3.9" or "3.9.18"')
-        return value
-
-    @field_validator("requirements", "pip_options")
-    @classmethod
-    def _check_lines(cls, lines: list[str]) -> list[str]:
-        out = []
-        for line in lines:
-            if "\n" in line.strip() or not line.strip():
-                raise ValueError(f"{line!r}: one non-empty requirement or option per entry")
-            out.append(_one_line(line))
-        return out
-
-    @field_validator("env")
-    @classmethod
-    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not _ENV_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not a valid environment variable name")
-        return env
-
-    def key(self, interpreter_version: str) -> str:
-        """sha256 hex of everything that determines the environment layer.
-
-        `interpreter_version` is the version of the interpreter actually used ("3.9.18"), so a
-        layer is never reused across patch releases. Requirement order is kept: pip's resolution
-        can depend on it. `skipped` is documentation only and stays out.
-        """
-        if minor_version(interpreter_version) != minor_version(self.python):
-            raise ValueError(
-                f"interpreter {interpreter_version} does not provide the requested "
-                f"Python {self.python}"
-            )
-        canonical = {
-            "format": _KEY_FORMAT,
-            "python": interpreter_version.strip(),
-            "requirements": [_one_line(r) for r in self.requirements],
-            "pip_options": [_one_line(o) for o in self.pip_options],
-            "env": dict(sorted(self.env.items())),
-        }
-        if self.relax_pins:  # (absent when off: the keys of earlier recipes stay as they were)
-            canonical["relax_pins"] = True
-        blob = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
 
 
 class Task(BaseModel):

@@ -17,7 +17,7 @@ import os
 import secrets
 from pathlib import Path
 
-from .runtime import remove_tree
+from minisandbox.sandbox.runtime import remove_tree
 
 VENV = "/opt/venv"
 CONDA_PREFIX = "/opt/miniconda3"

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
 
 EXAMPLES_DIR = Path(__file__).parent
 NAMES = ("semverkit", "datekit", "tablekit")
@@ -84,7 +84,8 @@ def materialize_mirror(mirror: Path) -> Path:
 def load_examples():  # type: ignore[no-untyped-def]
     """The bundled tasks. Their environment uses the Python minor version running this code,
     so the examples build wherever minisandbox runs."""
-    from ..specs import EnvRecipe, Task
+    from minisandbox.envs.recipe import EnvRecipe
+    from minisandbox.tasks.specs import Task
 
     python = f"{sys.version_info.major}.{sys.version_info.minor}"
     tasks = []

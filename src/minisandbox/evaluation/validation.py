@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
-from .errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
 
 if TYPE_CHECKING:
-    from .builder import Builder
-    from .evaluation import EvalResult
-    from .specs import Task
+    from minisandbox.evaluation.evaluator import EvalResult
+    from minisandbox.tasks.builder import Builder
+    from minisandbox.tasks.specs import Task
 
 # Bump when what a verdict means changes (the evaluator's procedure or the checks below).
 _FORMAT = 2  # 2: the history check
@@ -77,7 +77,7 @@ class Validation(BaseModel):
 
 def validation_key(task: Task) -> str:
     """A hash of everything a task's verdict depends on besides its layers."""
-    from .evaluation import make_eval_script
+    from minisandbox.evaluation.evaluator import make_eval_script
 
     try:
         script = make_eval_script(task)
@@ -140,7 +140,7 @@ async def check_history(builder: Builder, task: Task) -> HistoryCheck:
     git would see the repository: refs, reflogs, remotes, unreachable objects, gold blobs."""
     from importlib import resources
 
-    from .specs import files_in_patch
+    from minisandbox.tasks.specs import files_in_patch
 
     script = (resources.files("minisandbox") / "data" / "check_history.sh").read_text()
     files = files_in_patch(task.gold_patch) if task.gold_patch else []
@@ -198,7 +198,7 @@ async def validate(
     """Evaluate the task's gold and empty patches (unless a verdict for it as it is now is
     recorded and not `force`), record the verdict on its task layer and return it. The task
     must be built."""
-    from .evaluation import DEFAULT_TIMEOUT, Evaluator
+    from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, Evaluator
 
     if not force and (known := read_validation(builder, task)) is not None:
         return known

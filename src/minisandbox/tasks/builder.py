@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -33,21 +34,22 @@ from typing import TYPE_CHECKING, Literal
 from packaging.requirements import InvalidRequirement, Requirement
 from pydantic import BaseModel, Field
 
-from . import githistory, relax, safefs
-from .budget import LocalIOBudget
-from .compat import compat_layer
-from .config import GiB, Limits, SandboxConfig
-from .errors import MiniSandboxError
-from .nodecache import NodeCache
-from .sandbox import Sandbox
-from .services import tools_layers
-from .specs import Task, files_in_patch
-from .store import LayerStore
-from .system_packages import apt_packages, missing_on_host
-from .toolchains import Interpreter, find_interpreter
+from minisandbox.envs import githistory, relax
+from minisandbox.envs.compat import compat_layer
+from minisandbox.envs.system_packages import apt_packages, missing_on_host
+from minisandbox.envs.toolchains import Interpreter, find_interpreter
+from minisandbox.errors import MiniSandboxError
+from minisandbox.evaluation.services import tools_layers
+from minisandbox.layers.budget import LocalIOBudget
+from minisandbox.layers.nodecache import NodeCache
+from minisandbox.layers.store import LayerStore
+from minisandbox.sandbox.config import GiB, Limits, SandboxConfig
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.tasks.specs import Task, files_in_patch
+from minisandbox.utils import safefs
 
 if TYPE_CHECKING:
-    from .validation import Validation
+    from minisandbox.evaluation.validation import Validation
 
 VENV = "/opt/venv"
 DEFAULT_IO_BUDGET = 2 * GiB
@@ -288,7 +290,7 @@ class Builder:
     def validation(self, task: Task) -> Validation | None:
         """The task's recorded validation (see `validation`), None when there is none for its
         current layers and test spec."""
-        from .validation import read_validation
+        from minisandbox.evaluation.validation import read_validation
 
         return read_validation(self, task)
 
@@ -801,7 +803,7 @@ class Builder:
         if s.git_mirror is not None and (s.git_mirror / name).is_dir():
             return s.git_mirror / name
         if task.source == "examples" and repo == task.repo:  # they come with the package
-            from .examples import materialize_mirror
+            from minisandbox.tasks.examples import materialize_mirror
 
             return materialize_mirror(s.store.parent / "examples-mirror") / name
         if s.git_mirror is not None:
@@ -970,7 +972,7 @@ class Builder:
         `require_validated` (default: the settings') refuses a task without a passing
         validation."""
         if self.require_validated if require_validated is None else require_validated:
-            from .validation import check_validated
+            from minisandbox.evaluation.validation import check_validated
 
             check_validated(self, task)
         layers = self.layers_of(task)
@@ -1281,8 +1283,8 @@ def sweep_build_tmp(root: Path) -> list[tuple[Path, int]]:
 def _builder_code() -> str:
     """A digest of the code that builds environments: failures it records name it."""
     digest = hashlib.sha256()
-    for module in ("builder.py", "toolchains.py"):
-        digest.update((Path(__file__).parent / module).read_bytes())
+    for path in (__file__, inspect.getfile(find_interpreter)):
+        digest.update(Path(path).read_bytes())
     return digest.hexdigest()[:16]
 
 

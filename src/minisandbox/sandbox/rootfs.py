@@ -17,8 +17,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .config import SandboxConfig
-from .errors import SandboxConfigError
+from minisandbox.errors import SandboxConfigError
+from minisandbox.sandbox.config import SandboxConfig
 
 IO_DIR = "/run/minisandbox"  # per-sandbox channel directory (FIFOs, command files)
 # The control shell starts commands as background jobs, which a POSIX shell runs with SIGINT and

@@ -17,8 +17,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from . import _cleanup
-from .errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
+from minisandbox.sandbox import cleanup
 
 _lock = threading.Lock()
 _process_dir: Path | None = None
@@ -65,7 +65,7 @@ def process_dir(explicit_root: Path | None = None) -> Path:
         life_r, life_w = os.pipe()  # both close-on-exec: only bwrap gets the write end
         try:
             _janitor = subprocess.Popen(
-                [sys.executable, "-I", "-S", _cleanup.__file__, str(path), str(life_r)],
+                [sys.executable, "-I", "-S", cleanup.__file__, str(path), str(life_r)],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -105,4 +105,4 @@ os.register_at_fork(after_in_child=_forget_parent_lifeline)
 
 
 def remove_tree(path: Path) -> bool:
-    return _cleanup.remove_tree(str(path))
+    return cleanup.remove_tree(str(path))

@@ -26,9 +26,9 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from .errors import MiniSandboxError
-from .evaluation import EvalResult, make_eval_script
-from .specs import Task, path_name_problem, task_id_problem
+from minisandbox.errors import MiniSandboxError
+from minisandbox.evaluation.evaluator import EvalResult, make_eval_script
+from minisandbox.tasks.specs import Task, path_name_problem, task_id_problem
 
 SPECIAL = ("gold", "empty")
 

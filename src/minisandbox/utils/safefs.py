@@ -21,7 +21,7 @@ import stat
 from collections.abc import Iterator
 from pathlib import Path
 
-from .errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 SETID = stat.S_ISUID | stat.S_ISGID

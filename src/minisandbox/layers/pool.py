@@ -28,7 +28,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from .budget import pid_alive
+from minisandbox.layers.budget import pid_alive
 
 _HEX = frozenset("0123456789abcdef")
 

@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
 
 COARSE = 1024  # first-parent commits per shared pack
 # Every checkout's files get this mtime (2000-01-01): the same file in two tasks' checkouts is

@@ -29,15 +29,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import MiniSandboxError
-from .sandbox import Sandbox
-from .specs import Task
-from .toolchains import Interpreter, ToolchainNotFoundError, find_interpreter
+from minisandbox.envs.toolchains import Interpreter, ToolchainNotFoundError, find_interpreter
+from minisandbox.errors import MiniSandboxError
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.tasks.specs import Task
 
 if TYPE_CHECKING:
     from importlib.resources.abc import Traversable
 
-    from .builder import Builder
+    from minisandbox.tasks.builder import Builder
 
 TOOLS_ROOT = "/opt/minisandbox-tools"
 # Tried in order for the tools environments; the pins below are known to install on each.

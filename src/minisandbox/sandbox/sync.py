@@ -12,9 +12,9 @@ import threading
 from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
-from .config import SandboxConfig
-from .sandbox import ExecResult, Sandbox
-from .session import SessionResult, ShellSession
+from minisandbox.sandbox.config import SandboxConfig
+from minisandbox.sandbox.sandbox import ExecResult, Sandbox
+from minisandbox.sandbox.session import SessionResult, ShellSession
 
 T = TypeVar("T")
 _loop: asyncio.AbstractEventLoop | None = None

@@ -27,7 +27,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
 
 ENV_VAR = "MINISANDBOX_IO_BUDGET"
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}

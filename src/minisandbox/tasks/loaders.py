@@ -17,9 +17,15 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .errors import MiniSandboxError
-from .relax import normalise
-from .specs import EnvRecipe, Task, files_in_patch, path_name_problem, task_id_problem
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.envs.relax import normalise
+from minisandbox.errors import MiniSandboxError
+from minisandbox.tasks.specs import (
+    Task,
+    files_in_patch,
+    path_name_problem,
+    task_id_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -172,7 +178,9 @@ def load_tasks(
     """
     wanted = _wanted(instance_ids)
     if isinstance(source, str) and source == "examples":
-        from .examples import load_examples  # written separately; imported only when asked for
+        from minisandbox.tasks.examples import (
+            load_examples,  # written separately; imported only when asked for
+        )
 
         tasks = [t for t in load_examples() if wanted is None or t.id in wanted]
         _check_found(wanted, [t.id for t in tasks], "examples")

@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel
 
-from . import procs
-from .errors import CommandTimeoutError, SessionError
-from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
-from .rootfs import IO_DIR, RESET_SIGNALS
+from minisandbox.errors import CommandTimeoutError, SessionError
+from minisandbox.sandbox import procs
+from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
+from minisandbox.sandbox.rootfs import IO_DIR, RESET_SIGNALS
 
 if TYPE_CHECKING:
-    from .sandbox import Sandbox
+    from minisandbox.sandbox.sandbox import Sandbox
 
 _TIOCSPTLCK = 0x40045431
 _TIOCGPTN = 0x80045430

@@ -45,10 +45,10 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from ._cleanup import remove_tree
-from .budget import IOBudget, LocalIOBudget, pid_alive
-from .pool import FilePool
-from .store import LayerNotFoundError, LayerStore
+from minisandbox.layers.budget import IOBudget, LocalIOBudget, pid_alive
+from minisandbox.layers.pool import FilePool
+from minisandbox.layers.store import LayerNotFoundError, LayerStore
+from minisandbox.sandbox.cleanup import remove_tree
 
 logger = logging.getLogger(__name__)
 

@@ -23,10 +23,10 @@ import sys
 import time
 
 if __package__:
-    from . import safefs
+    from minisandbox.utils import safefs
 else:  # the janitor script: the package's parent directory, no site-packages
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from minisandbox import safefs
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from minisandbox.utils import safefs
 
 # In a sandbox's runtime directory (never in its io/ channel directory, which the sandbox can
 # write): directories elsewhere that the janitor removes too, one absolute path a line (a kept

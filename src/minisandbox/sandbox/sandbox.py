@@ -39,11 +39,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from . import _cleanup, procs, runtime, safefs
-from .bwrap import check_userns, explain_bwrap_failure, find_bwrap
-from .cgroups import SandboxCgroup, delegated_parent
-from .config import SandboxConfig
-from .errors import (
+from minisandbox.errors import (
     CommandTimeoutError,
     SandboxConfigError,
     SandboxFileError,
@@ -52,8 +48,12 @@ from .errors import (
     SandboxStartError,
     SessionError,
 )
-from .output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
-from .rootfs import (
+from minisandbox.sandbox import cleanup, procs, runtime
+from minisandbox.sandbox.bwrap import check_userns, explain_bwrap_failure, find_bwrap
+from minisandbox.sandbox.cgroups import SandboxCgroup, delegated_parent
+from minisandbox.sandbox.config import SandboxConfig
+from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
+from minisandbox.sandbox.rootfs import (
     DEFAULT_PATH,
     IO_DIR,
     RESET_SIGNALS,
@@ -61,8 +61,9 @@ from .rootfs import (
     build_system_layer,
     check_destinations,
 )
-from .seccomp import build_filter
-from .session import ShellSession
+from minisandbox.sandbox.seccomp import build_filter
+from minisandbox.sandbox.session import ShellSession
+from minisandbox.utils import safefs
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +193,7 @@ class Sandbox:
             # registered (before it exists) for the janitor in case we die without stop().
             self._work = self._upper.parent / _work_dir_name(self._upper, self.id)
             fd = os.open(
-                self._dir / _cleanup.EXTERNAL_DIRS,
+                self._dir / cleanup.EXTERNAL_DIRS,
                 os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o600,
             )

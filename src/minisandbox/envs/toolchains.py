@@ -26,7 +26,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
-from .errors import MiniSandboxError
+from minisandbox.errors import MiniSandboxError
 
 __all__ = [
     "Interpreter",

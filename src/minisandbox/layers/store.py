@@ -63,9 +63,9 @@ from urllib.parse import quote, unquote
 import zstandard
 from pydantic import BaseModel, ConfigDict
 
-from ._cleanup import remove_tree
-from .errors import MiniSandboxError
-from .pool import FilePool, pool_name
+from minisandbox.errors import MiniSandboxError
+from minisandbox.layers.pool import FilePool, pool_name
+from minisandbox.sandbox.cleanup import remove_tree
 
 logger = logging.getLogger(__name__)
 

@@ -32,12 +32,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from .aio import all_or_none
-from .builder import WHEELHOUSE, Builder
-from .errors import CommandTimeoutError, MiniSandboxError, SandboxFileError
-from .sandbox import Sandbox
-from .services import start_services
-from .specs import Task
+from minisandbox.errors import CommandTimeoutError, MiniSandboxError, SandboxFileError
+from minisandbox.evaluation.services import start_services
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.tasks.builder import WHEELHOUSE, Builder
+from minisandbox.tasks.specs import Task
+from minisandbox.utils.aio import all_or_none
 
 # The harness's ways of applying a patch, in its order (swebench.harness.run_evaluation).
 APPLY_COMMANDS = (

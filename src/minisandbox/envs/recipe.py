@@ -1,0 +1,103 @@
+"""How to build a Python environment: an interpreter version, pinned requirements, options.
+
+A recipe is shared between tasks: its `key` (with the interpreter actually used) names the
+environment layer, so tasks with the same recipe share one layer.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from minisandbox.utils.hashing import content_digest
+
+# Bump when the meaning of a recipe field changes, so that old environment layers stop matching.
+_KEY_FORMAT = 1
+_PYTHON_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def one_line(value: str) -> str:
+    """Collapse runs of whitespace so that cosmetic differences do not split layers."""
+    return " ".join(value.split())
+
+
+def minor_version(version: str) -> str:
+    """'3.9.18' -> '3.9'."""
+    return ".".join(version.split(".")[:2])
+
+
+class EnvRecipe(BaseModel):
+    """How to build a task's Python environment: a venv of `python` with `requirements`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str = Field(description='requested Python version: "3.9" or "3.9.18"')
+    requirements: list[str] = Field(
+        default_factory=list, description='pinned pip requirement lines, e.g. "numpy==1.26.4"'
+    )
+    pip_options: list[str] = Field(
+        default_factory=list, description='extra pip options, e.g. "--no-build-isolation"'
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="variables set during the build and in sandboxes"
+    )
+    skipped: list[str] = Field(
+        default_factory=list,
+        description="what a conversion dropped, for the record; not part of the key",
+    )
+    relax_pins: bool = Field(
+        default=False,
+        description="when the pins do not install together, relax them one at a time (relax.py) "
+        "instead of failing: set for conda exports, whose pins were never resolved as one set",
+    )
+
+    @field_validator("python")
+    @classmethod
+    def _check_python(cls, value: str) -> str:
+        value = value.strip()
+        if not _PYTHON_VERSION.fullmatch(value):
+            raise ValueError(f'{value!r} is not a Python version like "3.9" or "3.9.18"')
+        return value
+
+    @field_validator("requirements", "pip_options")
+    @classmethod
+    def _check_lines(cls, lines: list[str]) -> list[str]:
+        out = []
+        for line in lines:
+            if "\n" in line.strip() or not line.strip():
+                raise ValueError(f"{line!r}: one non-empty requirement or option per entry")
+            out.append(one_line(line))
+        return out
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not _ENV_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return env
+
+    def key(self, interpreter_version: str) -> str:
+        """sha256 hex of everything that determines the environment layer.
+
+        `interpreter_version` is the version of the interpreter actually used ("3.9.18"), so a
+        layer is never reused across patch releases. Requirement order is kept: pip's resolution
+        can depend on it. `skipped` is documentation only and stays out.
+        """
+        if minor_version(interpreter_version) != minor_version(self.python):
+            raise ValueError(
+                f"interpreter {interpreter_version} does not provide the requested "
+                f"Python {self.python}"
+            )
+        canonical = {
+            "format": _KEY_FORMAT,
+            "python": interpreter_version.strip(),
+            "requirements": [one_line(r) for r in self.requirements],
+            "pip_options": [one_line(o) for o in self.pip_options],
+            "env": dict(sorted(self.env.items())),
+        }
+        if self.relax_pins:  # (absent when off: the keys of earlier recipes stay as they were)
+            canonical["relax_pins"] = True
+        return content_digest(canonical)

@@ -1,0 +1,2 @@
+"""Tasks: the task model, loading tasks from each source, the bundled examples, and building a
+task's layers."""
