@@ -21,10 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import re
-import shlex
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -32,41 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field
 try:
     from swerex.deployment.abstract import AbstractDeployment
     from swerex.deployment.hooks.abstract import CombinedDeploymentHook, DeploymentHook
-    from swerex.exceptions import (
-        BashIncorrectSyntaxError,
-        CommandTimeoutError,
-        DeploymentNotStartedError,
-        DeploymentStartupError,
-        NoExitCodeError,
-        NonZeroExitCodeError,
-        SessionDoesNotExistError,
-        SessionExistsError,
-    )
-    from swerex.runtime.abstract import (
-        AbstractRuntime,
-        Action,
-        BashAction,
-        BashInterruptAction,
-        BashObservation,
-        CloseBashSessionResponse,
-        CloseResponse,
-        CloseSessionRequest,
-        CloseSessionResponse,
-        Command,
-        CommandResponse,
-        CreateBashSessionRequest,
-        CreateBashSessionResponse,
-        CreateSessionRequest,
-        CreateSessionResponse,
-        IsAliveResponse,
-        Observation,
-        ReadFileRequest,
-        ReadFileResponse,
-        UploadRequest,
-        UploadResponse,
-        WriteFileRequest,
-        WriteFileResponse,
-    )
+    from swerex.exceptions import DeploymentNotStartedError, DeploymentStartupError
+    from swerex.runtime.abstract import IsAliveResponse
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"minisandbox.integrations.swerex needs SWE-ReX ({e}): "
@@ -74,303 +37,16 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from minisandbox import errors
+from minisandbox.integrations.swerex_runtime import MiniSandboxRuntime, default_logger
 from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 from minisandbox.sandbox.config import Limits
 from minisandbox.sandbox.rootfs import DEFAULT_PATH
-from minisandbox.sandbox.sandbox import Sandbox
-from minisandbox.sandbox.session import PROMPT_HOOK, ShellSession
 from minisandbox.sandbox.sync import on_loop
 
 __all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
 
-# What the expect_string of an observation says when a command ended at the shell's prompt:
-# swerex reports the PS1 it matched, and callers may compare against that value.
-PS1 = "SHELLPS1PREFIX"
-# "No timeout" for swerex; asyncio needs a finite deadline.
-_FOREVER = 10.0**7
-_ANSI = re.compile(r"\x1b[@-_][0-?]*[ -/]*[@-~]")
-# The prompt hook a ShellSession installs; startup files may replace PROMPT_COMMAND.
+# A plain sandbox's directory on PATH for a `python` alias (tools' shebangs ask for one).
 _ALIAS_DIR = "/root/.local/bin"
-
-
-def _log() -> logging.Logger:
-    return logging.getLogger("minisandbox.swerex")
-
-
-def _seconds(timeout: float | None) -> float:
-    return _FOREVER if timeout is None else float(timeout)
-
-
-def _clean(text: str, match: str | None = None) -> str:
-    """Output as swerex reports it: no escape sequences and, like pexpect's `before`, without
-    the text that matched an expect pattern."""
-    if match:
-        text = text.removesuffix(match)
-    return _ANSI.sub("", text).replace("\r\n", "\n")
-
-
-# ---------------------------------------------------------------- runtime
-
-
-class _Session:
-    def __init__(self, shell: ShellSession) -> None:
-        self.shell = shell
-        self.lock = asyncio.Lock()
-        # The request's startup files, sourced again when an interrupt restarts the shell.
-        self.startup: tuple[str, float] | None = None
-
-
-class MiniSandboxRuntime(AbstractRuntime):
-    """swerex's AbstractRuntime over a running minisandbox Sandbox."""
-
-    def __init__(self, sandbox: Sandbox, *, logger: logging.Logger | None = None) -> None:
-        self.sandbox = sandbox
-        self.logger = logger or _log()
-        self._sessions: dict[str, _Session] = {}
-
-    @property
-    def sessions(self) -> dict[str, ShellSession]:
-        return {name: s.shell for name, s in self._sessions.items()}
-
-    async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
-        if self.sandbox.running:
-            return IsAliveResponse(is_alive=True)
-        return IsAliveResponse(is_alive=False, message=f"sandbox {self.sandbox.id} is not running")
-
-    # ------------------------------------------------------------ sessions
-
-    async def create_session(self, request: CreateSessionRequest) -> CreateSessionResponse:
-        return await on_loop(self._create_session(request))
-
-    async def _create_session(self, request: CreateBashSessionRequest) -> CreateBashSessionResponse:
-        if not isinstance(request, CreateBashSessionRequest):
-            raise ValueError(f"unknown session type: {request!r}")
-        if request.session in self._sessions:
-            raise SessionExistsError(f"session {request.session} already exists")
-        shell = await self.sandbox.create_session(request.session)
-        self._sessions[request.session] = _Session(shell)
-        output = ""
-        if request.startup_source:
-            # Sourced as swerex does (a missing file is reported, not fatal); the files may
-            # replace PROMPT_COMMAND, which our prompt detection relies on.
-            command = "; ".join(f"source {shlex.quote(p)}" for p in request.startup_source)
-            command += f"; PROMPT_COMMAND={PROMPT_HOOK}"
-            # A slow .bashrc gets at least a few seconds: the sandbox may start cold.
-            timeout = max(request.startup_timeout, 5.0)
-            self._sessions[request.session].startup = (command, timeout)
-            try:
-                r = await shell.run(command, timeout=timeout)
-            except errors.CommandTimeoutError as e:
-                raise CommandTimeoutError(
-                    f"timeout after {timeout} seconds while sourcing {request.startup_source}"
-                ) from e
-            output = _clean(r.output)
-        return CreateBashSessionResponse(output=output)
-
-    def _session(self, name: str) -> _Session:
-        try:
-            return self._sessions[name]
-        except KeyError:
-            raise SessionDoesNotExistError(f"session {name!r} does not exist") from None
-
-    async def run_in_session(self, action: Action) -> Observation:
-        return await on_loop(self._run_in_session(action))
-
-    async def _run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
-        session = self._session(action.session)
-        async with session.lock:
-            if isinstance(action, BashInterruptAction):
-                return await self._interrupt(session, action)
-            if action.is_interactive_command or action.is_interactive_quit:
-                return await self._run_interactive(session.shell, action)
-            r = await self._run_normal(session.shell, action)
-        if action.check == "raise" and r.exit_code != 0:
-            msg = (
-                f"Command {action.command!r} failed with exit code {r.exit_code}. "
-                f"Here is the output:\n{r.output!r}"
-            )
-            if action.error_msg:
-                msg = f"{action.error_msg}: {msg}"
-            raise NonZeroExitCodeError(msg)
-        return r
-
-    @staticmethod
-    def _expect_string(expect: list[str], matched: str | None) -> str:
-        if matched is None:
-            return PS1
-        return next((p for p in expect if re.search(p, matched)), matched)
-
-    async def _send_or_run(
-        self, shell: ShellSession, command: str, expect: list[str], timeout: float | None
-    ) -> Any:
-        """A command for the shell, or a line typed into the program the shell is running (a
-        REPL left open by an earlier `expect` match), as swerex's pexpect session does."""
-        try:
-            if shell.busy:
-                return await shell.send(command + "\n", expect=expect, timeout=_seconds(timeout))
-            return await shell.run(command, expect=expect, timeout=_seconds(timeout))
-        except errors.CommandTimeoutError as e:
-            raise CommandTimeoutError(
-                f"timeout after {timeout} seconds while running command {command!r}"
-            ) from e
-
-    async def _run_normal(self, shell: ShellSession, action: BashAction) -> BashObservation:
-        if not shell.busy:
-            await self._check_syntax(action.command)
-        r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
-        output = _clean(r.output, r.match)
-        expect_string = self._expect_string(action.expect, r.match)
-        if action.check == "ignore":
-            return BashObservation(output=output, exit_code=None, expect_string=expect_string)
-        if r.exit_code is None and action.check == "raise":
-            raise NoExitCodeError(
-                f"no exit code for {action.command!r}: it stopped at {expect_string!r}"
-            )
-        return BashObservation(output=output, exit_code=r.exit_code, expect_string=expect_string)
-
-    async def _run_interactive(self, shell: ShellSession, action: BashAction) -> BashObservation:
-        r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
-        output = _clean(r.output, r.match).strip()
-        if action.is_interactive_command:
-            output = output.removeprefix(action.command).strip()
-        return BashObservation(
-            output=output, exit_code=0, expect_string=self._expect_string(action.expect, r.match)
-        )
-
-    async def _interrupt(self, session: _Session, action: BashInterruptAction) -> BashObservation:
-        """swerex's interrupt. Where swerex would give up ("Failed to interrupt session": a shell
-        that ignores Ctrl-C in itself), ours kills and restarts the shell instead, and the
-        observation's output ends with the notice that the shell's state was lost."""
-        shell = session.shell
-        timeout = max(action.timeout * max(action.n_retry, 1), 1.0)
-        try:
-            if action.expect:
-                # Ctrl-C to a program that keeps running (a REPL): wait for its prompt.
-                r = await shell.send("\x03", expect=action.expect, timeout=timeout)
-            else:
-                r = await shell.interrupt(timeout=timeout)
-            if r.restarted and session.startup is not None:
-                # A fresh shell, as create_session left it: the startup files again.
-                command, startup_timeout = session.startup
-                await shell.run(command, timeout=startup_timeout)
-        except (errors.CommandTimeoutError, errors.SessionError) as e:
-            raise CommandTimeoutError(f"Failed to interrupt session: {e}") from e
-        return BashObservation(
-            output=_clean(r.output, r.match).strip(),
-            exit_code=0,
-            expect_string=self._expect_string(action.expect, r.match),
-        )
-
-    async def _check_syntax(self, command: str) -> None:
-        """`bash -n`, inside the sandbox: the agent's text is never run on the host."""
-        r = await self.sandbox.execute(["/bin/bash", "-n"], stdin=command + "\n", timeout=30)
-        if r.exit_code == 0:
-            return
-        msg = (
-            f"Error (exit code {r.exit_code}) while checking bash command \n{command!r}\n"
-            f"---- Stderr ----\n{r.stderr}\n---- Stdout ----\n{r.stdout}"
-        )
-        raise BashIncorrectSyntaxError(
-            msg, extra_info={"bash_stdout": r.stdout, "bash_stderr": r.stderr}
-        )
-
-    async def close_session(self, request: CloseSessionRequest) -> CloseSessionResponse:
-        return await on_loop(self._close_session(request.session))
-
-    async def _close_session(self, name: str) -> CloseBashSessionResponse:
-        if name not in self._sessions:
-            raise SessionDoesNotExistError(f"session {name!r} does not exist")
-        del self._sessions[name]
-        if self.sandbox.running:
-            await self.sandbox.close_session(name)
-        return CloseBashSessionResponse()
-
-    # ------------------------------------------------------------ commands and files
-
-    async def execute(self, command: Command) -> CommandResponse:
-        return await on_loop(self._execute(command))
-
-    async def _execute(self, command: Command) -> CommandResponse:
-        cmd = command.command
-        if command.shell:
-            # subprocess.run(shell=True): the string (or the list's first item) goes to sh -c.
-            argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else ["/bin/sh", "-c", *cmd]
-        else:
-            argv = [cmd] if isinstance(cmd, str) else list(cmd)
-        if command.env is not None:
-            # subprocess's env= replaces the environment, it does not extend it.
-            argv = ["env", "-i", *(f"{k}={v}" for k, v in command.env.items()), *argv]
-        try:
-            r = await self.sandbox.execute(
-                argv,
-                cwd=command.cwd,
-                timeout=_seconds(command.timeout),
-                merge_stderr=command.merge_output_streams,
-            )
-        except errors.CommandTimeoutError as e:
-            raise CommandTimeoutError(
-                f"Timeout ({command.timeout}s) exceeded while running command"
-            ) from e
-        response = CommandResponse(stdout=r.stdout, stderr=r.stderr, exit_code=r.exit_code)
-        if command.check and r.exit_code != 0:
-            msg = (
-                f"Command {command.command!r} failed with exit code {r.exit_code}. "
-                f"Stdout:\n{r.stdout!r}\nStderr:\n{r.stderr!r}"
-            )
-            if command.error_msg:
-                msg = f"{command.error_msg}: {msg}"
-            raise NonZeroExitCodeError(msg)
-        return response
-
-    async def read_file(self, request: ReadFileRequest) -> ReadFileResponse:
-        return await on_loop(self._read_file(request))
-
-    async def _read_file(self, request: ReadFileRequest) -> ReadFileResponse:
-        try:
-            data = await self.sandbox.read_file(request.path)
-        except errors.SandboxFileError as e:
-            # Path.read_text's exceptions: callers catch FileNotFoundError (SWE-agent does).
-            text = str(e)
-            if "No such file" in text:
-                raise FileNotFoundError(2, "No such file or directory", request.path) from None
-            if "Is a directory" in text:
-                raise IsADirectoryError(21, "Is a directory", request.path) from None
-            if "Permission denied" in text:
-                raise PermissionError(13, "Permission denied", request.path) from None
-            raise
-        content = data.decode(request.encoding or "utf-8", request.errors or "strict")
-        # Text mode reads translate newlines; so does Path.read_text.
-        return ReadFileResponse(content=content.replace("\r\n", "\n").replace("\r", "\n"))
-
-    async def write_file(self, request: WriteFileRequest) -> WriteFileResponse:
-        await on_loop(self.sandbox.write_file(request.path, request.content))
-        return WriteFileResponse()
-
-    async def upload(self, request: UploadRequest) -> UploadResponse:
-        return await on_loop(self._upload(request))
-
-    async def _upload(self, request: UploadRequest) -> UploadResponse:
-        source, target = Path(request.source_path), request.target_path
-        if not source.exists():
-            raise FileNotFoundError(2, "No such file or directory", str(source))
-        if not source.is_dir():
-            # shutil.copy: a file copied onto a directory lands inside it.
-            r = await self.sandbox.execute(["test", "-d", target])
-            if r.exit_code == 0:
-                target = os.path.join(target, source.name)
-        await self.sandbox.upload(source, target)
-        return UploadResponse()
-
-    async def close(self) -> CloseResponse:
-        return await on_loop(self._close())
-
-    async def _close(self) -> CloseResponse:
-        for name in list(self._sessions):
-            await self._close_session(name)
-        return CloseResponse()
-
-
-# ---------------------------------------------------------------- deployment
 
 
 class MiniSandboxDeploymentConfig(BaseModel):
@@ -410,7 +86,7 @@ class MiniSandboxDeployment(AbstractDeployment):
 
     def __init__(self, *, logger: logging.Logger | None = None, **kwargs: Any) -> None:
         self._config = MiniSandboxDeploymentConfig(**kwargs)
-        self.logger = logger or _log()
+        self.logger = logger or default_logger()
         self._hooks = CombinedDeploymentHook()
         self._box: TaskSandbox | None = None
         self._runtime: MiniSandboxRuntime | None = None

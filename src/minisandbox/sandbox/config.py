@@ -7,6 +7,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from minisandbox.errors import SandboxConfigError
+
 GiB = 1024**3
 MiB = 1024**2
 
@@ -90,7 +92,7 @@ class SandboxConfig(BaseModel):
         for p in paths:
             p = Path(os.path.abspath(p))
             if not p.is_dir():
-                raise ValueError(f"{p} is not a directory")
+                raise SandboxConfigError(f"{p} is not a directory")
             out.append(p)
         return out
 
@@ -98,12 +100,12 @@ class SandboxConfig(BaseModel):
     @classmethod
     def _absolute_inside(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
-            raise ValueError(f"{value!r} must be an absolute path inside the sandbox")
+            raise SandboxConfigError(f"{value!r} must be an absolute path inside the sandbox")
         return value
 
     @field_validator("hostname")
     @classmethod
     def _hostname(cls, value: str) -> str:
         if not value or len(value) > 63 or not all(c.isalnum() or c in "-." for c in value):
-            raise ValueError(f"{value!r} is not a valid hostname")
+            raise SandboxConfigError(f"{value!r} is not a valid hostname")
         return value

@@ -22,6 +22,8 @@ import signal
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from minisandbox.utils.procfs import stat_fields
+
 # The environment variable that marks a command's (or a shell session's) processes.
 MARKER_VAR = "MINISANDBOX_JOB"
 # How much of a process's environment we read when looking for the marker. The marker is
@@ -57,13 +59,9 @@ def _ns_key(pid: int) -> tuple[int, int] | None:
 
 def _stat_fields(pid: int) -> tuple[int, int, int, int] | None:
     """(ppid, pgid, sid, start time) from /proc/<pid>/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read(4096)
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
-    # The command name is in parentheses and may hold anything, ")" and spaces included.
-    fields = data[data.rfind(b")") + 2 :].split()
     try:
         return int(fields[1]), int(fields[2]), int(fields[3]), int(fields[19])
     except (IndexError, ValueError):
@@ -142,6 +140,7 @@ def _signal(proc: HostProcess, ns: tuple[int, int], sig: int) -> bool:
         os.close(fd)
 
 
+# long: its docstring states the search that the body implements, in one place.
 def kill_tree(
     init_pid: int,
     *,

@@ -2,7 +2,7 @@
 
 Each Python process gets one directory, `<runtime>/p<pid>-<random>`, and one janitor: a tiny child
 process in its own session that waits for this process to die, however it dies, then kills what
-is left of its sandboxes (see _cleanup) and deletes that directory and the directories its
+is left of its sandboxes (see cleanup) and deletes that directory and the directories its
 sandboxes registered. A sandbox's temporary upper layer therefore never outlives its controller.
 """
 
@@ -17,7 +17,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from minisandbox.errors import MiniSandboxError
+from minisandbox.errors import RuntimeDirError
 from minisandbox.sandbox import cleanup
 
 _lock = threading.Lock()
@@ -44,7 +44,7 @@ def _private_root(root: Path) -> None:
         pass
     st = os.lstat(root)
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise MiniSandboxError(
+        raise RuntimeDirError(
             f"runtime directory {root} is not a directory owned by uid {os.geteuid()} and "
             "writable only by it; remove it, or set MINISANDBOX_RUNTIME to a private directory"
         )

@@ -34,11 +34,18 @@ from __future__ import annotations
 import platform
 import struct
 
-__all__ = ["DENIED_SYSCALLS", "UnsupportedArchError", "build_filter"]
+from minisandbox.errors import MiniSandboxError
+
+__all__ = ["DENIED_SYSCALLS", "FilterAssemblyError", "UnsupportedArchError", "build_filter"]
 
 
-class UnsupportedArchError(RuntimeError):
+class UnsupportedArchError(MiniSandboxError):
     """Raised when no syscall table exists for the requested architecture."""
+
+
+class FilterAssemblyError(MiniSandboxError):
+    """The filter cannot be assembled: a conditional jump is farther than BPF's 8-bit offset
+    reaches (the policy grew too large for its layout; a bug of this module, not of a caller)."""
 
 
 # Syscalls denied outright with EPERM.  Grouped by why they are dangerous.
@@ -212,7 +219,7 @@ class _Asm:
         # Conditional jumps are relative to the next instruction and only u8-wide.
         off = self.labels[target] - pc - 1
         if not 0 <= off <= 255:
-            raise AssertionError(f"BPF jump to {target!r} out of range: {off}")
+            raise FilterAssemblyError(f"BPF jump to {target!r} out of range: {off}")
         return off
 
 
@@ -227,11 +234,16 @@ def _resolve_arch(arch: str | None) -> str:
     return name
 
 
+# long: one BPF program, whose jumps and labels read best in one place.
 def build_filter(arch: str | None = None) -> bytes:
     """Return the seccomp BPF program for ``arch`` (default: this machine).
 
     The result is a packed ``struct sock_filter[]`` in native (little-endian)
     byte order, ready to be written to the fd given to ``bwrap --seccomp``.
+
+    Raises:
+        UnsupportedArchError: no syscall table for ``arch``.
+        FilterAssemblyError: the policy no longer fits BPF's limits (a bug here).
     """
     audit_arch, table, reject_x32 = _ARCHES[_resolve_arch(arch)]
     a = _Asm()
@@ -292,5 +304,6 @@ def build_filter(arch: str | None = None) -> bytes:
     a.label("enosys")
     a.ret(_RET_ERRNO | _ENOSYS)
 
-    assert len(a.insns) < _BPF_MAXINSNS
+    if len(a.insns) >= _BPF_MAXINSNS:
+        raise FilterAssemblyError(f"the filter has {len(a.insns)} instructions, too many for BPF")
     return a.assemble()

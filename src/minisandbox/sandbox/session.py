@@ -1,12 +1,21 @@
 """Persistent interactive bash sessions inside a sandbox, each on its own pseudo-terminal.
 
-The pty is allocated in the sandbox's own devpts instance (its /dev/pts/ptmx, reached through
-/proc/<pid>/root), so the session's bash has a real controlling terminal: job control, Ctrl-C,
-and programs that want a tty (a Python REPL) behave as they do for a person.
+The pty is allocated in the sandbox's own devpts instance (see terminal.py), so the session's
+bash has a real controlling terminal: job control, Ctrl-C, and programs that want a tty (a
+Python REPL) behave as they do for a person.
+
+A session's lifecycle (`start`, `close`) is separate from its operations (`run`, `send`,
+`interrupt`), as in SWE-ReX. Sandbox.create_session makes and starts one; the sandbox closes its
+sessions when it stops. A session uses only the public side of its sandbox (a SessionHost) and
+of its control channel; it never imports the sandbox module, which imports this one.
 
 Each command is written to a file in the sandbox's channel directory and sourced, so multi-line
 commands and heredocs need no escaping and arrive in one piece (a tty line is at most 4 KiB).
 The end of a command is its prompt: PS1 carries a random marker and `$?`.
+
+Typing into the terminal never blocks the event loop: when the terminal's input queue is full
+(a program that does not read its stdin), the write waits for the master to become writable,
+while every other sandbox and session on the loop goes on, up to the command's timeout.
 
 A shell that ignores Ctrl-C while it loops in itself (`trap '' INT; while :; do :; done`) cannot
 be interrupted: `interrupt()` then kills the shell with everything it started (found from the
@@ -22,34 +31,28 @@ import fcntl
 import os
 import re
 import secrets
-import shlex
 import signal
-import stat
 import struct
 import termios
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from pydantic import BaseModel
 
-from minisandbox.errors import CommandTimeoutError, SessionError
+from minisandbox.errors import CommandTimeoutError, InvalidCommandError, SessionError
 from minisandbox.sandbox import procs
+from minisandbox.sandbox.channel import ChannelDir, quote
+from minisandbox.sandbox.config import SandboxConfig
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
-from minisandbox.sandbox.rootfs import IO_DIR, RESET_SIGNALS
-
-if TYPE_CHECKING:
-    from minisandbox.sandbox.sandbox import Sandbox
-
-_TIOCSPTLCK = 0x40045431
-_TIOCGPTN = 0x80045430
-_TIOCGPTPEER = 0x5441
-_TIOCGSID = 0x5429
-_PTMX_RDEV = os.makedev(5, 2)
-
+from minisandbox.sandbox.terminal import TerminalHost, open_terminal, until_writable
 
 # The shell function that puts the prompt marker back; a caller whose startup files replace
 # PROMPT_COMMAND restores it by this name.
 PROMPT_HOOK = "__msb_prompt"
+# A write to a full terminal is retried at least this often, should a wakeup be missed.
+_WRITE_RECHECK = 0.05
+# How long a new shell may take to show its first prompt.
+_START_TIMEOUT = 30.0
 
 
 class SessionResult(BaseModel):
@@ -73,18 +76,36 @@ RESTART_NOTE = (
 )
 
 
+class SessionHost(TerminalHost, Protocol):
+    """What a session needs of its sandbox: a Sandbox is one. (Sessions depend on this, not on
+    the Sandbox class: the sandbox module imports this one, never the other way round.)"""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def config(self) -> SandboxConfig: ...  # for the default command timeout
+
+    def require_running(self) -> None: ...  # raises unless the sandbox runs
+
+
 class ShellSession:
-    """One persistent bash. Not for concurrent use: one command at a time."""
+    """One persistent bash in `sandbox`. Not for concurrent use: one command at a time.
+
+    `env` is added to the shell's environment, `max_output` caps what one command returns,
+    `columns` and `rows` size its terminal. `on_close(session)` is called once by `close()`
+    (Sandbox.create_session uses it to forget the session)."""
 
     def __init__(
         self,
-        sandbox: Sandbox,
+        sandbox: SessionHost,
         name: str,
         *,
         env: dict[str, str] | None = None,
         max_output: int | None = DEFAULT_MAX_OUTPUT,
         columns: int = 200,
         rows: int = 50,
+        on_close: Callable[[ShellSession], None] | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.name = name
@@ -98,6 +119,7 @@ class ShellSession:
         }
         self._max_output = max_output
         self._size = (rows, columns)
+        self._on_close = on_close
         self._nonce = secrets.token_hex(8)
         self._marker = re.compile(rb"__MSB" + self._nonce.encode() + rb"_(\d+)__")
         self._master: int | None = None
@@ -106,13 +128,51 @@ class ShellSession:
         self._data = asyncio.Event()
         self._eof = False
         self._busy = False
+        self._started = False
+        self._closed = False
         self._shell_pgid: int | None = None  # host pid of the shell: its group and session
         self._mark = ""  # marks (in the environment) everything the current shell starts
         self._seq = 0
 
-    # ---------------------------------------------------------------- setup
+    # ---------------------------------------------------------------- lifecycle
 
-    async def _start(self) -> None:
+    @property
+    def busy(self) -> bool:
+        """A command (or a program stopped at an `expect` pattern) holds the shell."""
+        return self._busy
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def start(self) -> ShellSession:
+        """Start the shell and wait for its first prompt (once).
+
+        Raises:
+            SessionError: the session was started or closed before, or its shell did not start.
+            CommandTimeoutError: the shell did not show its prompt in time.
+            SandboxNotRunningError: the sandbox is not running.
+            SandboxLimitError: the sandbox was stopped for exceeding a limit.
+        """
+        if self._closed or self._started:
+            state = "closed" if self._closed else "already started"
+            raise SessionError(f"session {self.name!r} is {state}")
+        self.sandbox.require_running()
+        self._started = True
+        await self._launch()
+        return self
+
+    async def close(self) -> None:
+        """Kill the shell and what runs in its process group, and let go of its terminal.
+        Idempotent; a command waiting in `run` or `send` fails with SessionError."""
+        if self._closed:
+            return
+        self._closed = True
+        self._shutdown()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    async def _launch(self) -> None:
         rows, cols = self._size
         self._mark = secrets.token_hex(8)
         term = await open_terminal(
@@ -131,8 +191,8 @@ class ShellSession:
             f"PROMPT_COMMAND={PROMPT_HOOK}; PS2=''; PS0=''; unset HISTFILE; set +o history\n"
         )
         try:
-            await self._write(init.encode(), 30)
-            await self._wait(None, 30, discard=True)
+            await self._write(init.encode(), _START_TIMEOUT)
+            await self._wait(None, _START_TIMEOUT, discard=True)
         finally:
             term.release_peer()
         self._shell_pgid = self._foreground_pgid()
@@ -142,6 +202,25 @@ class ShellSession:
         env = {procs.MARKER_VAR: self._mark}
         env.update((k, v) for k, v in self._env.items() if k != procs.MARKER_VAR)
         return env
+
+    def _shutdown(self) -> None:
+        """Kill the shell's process group (if it still runs) and let go of the terminal."""
+        if self._master is not None and self._shell_pgid and not self._eof:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self._shell_pgid, signal.SIGKILL)
+        self._detach()
+
+    def _detach(self) -> None:
+        """Stop reading the terminal and close our end of it; wake whoever waits for output."""
+        if self._master is not None:
+            with contextlib.suppress(Exception):
+                loop = asyncio.get_running_loop()
+                loop.remove_reader(self._master)
+                loop.remove_writer(self._master)
+            os.close(self._master)
+            self._master = None
+        self._eof = True
+        self._data.set()
 
     # ---------------------------------------------------------------- io
 
@@ -163,21 +242,24 @@ class ShellSession:
                 del self._scan[: len(self._scan) - (1 << 16)]
         self._data.set()
 
+    def _live_master(self) -> int:
+        if self._master is None or self._eof:
+            raise SessionError(f"session {self.name!r} has exited")
+        return self._master
+
     async def _write(self, data: bytes, timeout: float) -> None:
-        """Type `data` into the terminal. When its input queue is full, wait (without holding up
-        the event loop) for the program to read, at most `timeout` seconds.
+        """Type `data` into the terminal. When its input queue is full, wait (on the event
+        loop, never blocking it) for the program to read, at most `timeout` seconds.
 
         Raises:
-            SessionError: the shell has exited.
+            SessionError: the shell has exited, or the session was closed.
             CommandTimeoutError: the program did not read its input in time.
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         view = memoryview(data)
         while view:
-            master = self._master
-            if master is None or self._eof:
-                raise SessionError(f"session {self.name!r} has exited")
+            master = self._live_master()
             try:
                 view = view[os.write(master, view) :]
                 continue
@@ -190,15 +272,9 @@ class ShellSession:
                     f"{timeout} s ({len(view)} of {len(data)} bytes not typed)",
                     output=decode(self._buf.getvalue()),
                 )
-            writable = loop.create_future()
-            loop.add_writer(master, lambda f=writable: f.done() or f.set_result(None))
-            try:
-                # Bounded: should a wakeup be missed, we simply try the write again.
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(writable, min(remaining, 0.05))
-            finally:
-                if self._master == master:
-                    loop.remove_writer(master)
+            # Bounded: should a wakeup be missed, the write is simply tried again.
+            wait = min(remaining, _WRITE_RECHECK)
+            await until_writable(master, wait, lambda: self._master)
 
     def _take(self, end: int) -> tuple[bytes, bool]:
         """Everything read so far, up to `end` bytes before the end of the scan window."""
@@ -213,34 +289,47 @@ class ShellSession:
         self._scan = bytearray(rest)
         return data, truncated
 
+    def _match(self, patterns: list[re.Pattern[bytes]], discard: bool) -> SessionResult | None:
+        """The result, if the output so far ends a command: its prompt, or an `expect` match."""
+        m = self._marker.search(self._scan)
+        if m:
+            data, truncated = self._take(m.end())
+            data = data[: len(data) - (m.end() - m.start())]
+            return SessionResult(
+                output="" if discard else decode(data),
+                exit_code=int(m.group(1)),
+                truncated=truncated,
+            )
+        for p in patterns:
+            pm = p.search(self._scan)
+            if pm:
+                data, truncated = self._take(pm.end())
+                return SessionResult(
+                    output=decode(data),
+                    exit_code=None,
+                    truncated=truncated,
+                    match=decode(pm.group(0)),
+                )
+        return None
+
     async def _wait(
         self, expect: Sequence[str] | None, timeout: float, discard: bool = False
     ) -> SessionResult:
+        """Wait for the prompt or an `expect` pattern.
+
+        Raises:
+            SessionError: the shell exited, or the session was closed.
+            CommandTimeoutError: neither came within `timeout` seconds.
+        """
         patterns = [re.compile(p.encode()) for p in expect or ()]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            m = self._marker.search(self._scan)
-            if m:
-                data, truncated = self._take(m.end())
-                data = data[: len(data) - (m.end() - m.start())]
-                return SessionResult(
-                    output="" if discard else decode(data),
-                    exit_code=int(m.group(1)),
-                    truncated=truncated,
-                )
-            for p in patterns:
-                pm = p.search(self._scan)
-                if pm:
-                    data, truncated = self._take(pm.end())
-                    return SessionResult(
-                        output=decode(data),
-                        exit_code=None,
-                        truncated=truncated,
-                        match=decode(pm.group(0)),
-                    )
+            result = self._match(patterns, discard)
+            if result is not None:
+                return result
             if self._eof:
-                self._close()
+                self._shutdown()
                 raise SessionError(
                     f"session {self.name!r} exited"
                     f"; it printed: {decode(self._buf.getvalue())[-500:]!r}"
@@ -257,6 +346,13 @@ class ShellSession:
 
     # ---------------------------------------------------------------- commands
 
+    def _check_usable(self) -> None:
+        self.sandbox.require_running()
+        if self._closed:
+            raise SessionError(f"session {self.name!r} is closed")
+        if not self._started:
+            raise SessionError(f"session {self.name!r} was not started")
+
     async def run(
         self,
         command: str,
@@ -270,33 +366,52 @@ class ShellSession:
         Returns at the next prompt, or as soon as the output matches a regex in `expect` (for
         programs that wait for input, like a REPL; continue with `send`). On timeout raises
         CommandTimeoutError and the session stays busy until `interrupt()`. `input` is typed
-        into the terminal once the command has started, for commands that read stdin."""
-        self.sandbox._require_running()
+        into the terminal once the command has started, for commands that read stdin.
+
+        Raises:
+            SessionError: the session is busy (interrupt it), closed, not started, or its
+                shell exited.
+            CommandTimeoutError: no prompt or `expect` match within `timeout` (default
+                `Limits.command_timeout`), or the terminal did not take the input in time.
+            InvalidCommandError: (a ValueError) the command holds a NUL byte.
+            SandboxNotRunningError: the sandbox is not running.
+            SandboxLimitError: the sandbox was stopped for exceeding a limit.
+        """
+        self._check_usable()
         if self._busy:
             raise SessionError(
                 f"session {self.name!r} is still running a command; interrupt() it first"
             )
         if "\0" in command:
-            raise ValueError("commands cannot contain NUL bytes")
+            raise InvalidCommandError("commands cannot contain NUL bytes")
         timeout = self.sandbox.config.limits.command_timeout if timeout is None else timeout
         self._seq += 1
         name = f"s{self.sandbox.id}-{self.name}-{self._seq}.sh".replace("/", "_")
-        self.sandbox._write_channel_file(name, command.encode())
+        files = self.sandbox.channel.files
+        files.write(name, command.encode())
         try:
             self._busy = True
             loop = asyncio.get_running_loop()
             began = loop.time()
-            await self._write(f". {IO_DIR}/{name}\n".encode() + (input or "").encode(), timeout)
+            line = f". {quote(ChannelDir.inside(name))}\n"
+            await self._write(line.encode() + (input or "").encode(), timeout)
             return await self._finish(expect, max(0.0, timeout - (loop.time() - began)))
         finally:
-            self.sandbox._unlink_channel(name)
+            files.unlink(name)
 
     async def send(
         self, text: str, *, timeout: float | None = None, expect: Sequence[str] | None = None
     ) -> SessionResult:
         """Type `text` into the session's terminal (e.g. a line for a REPL), then wait for a
-        pattern in `expect`, or for the shell's prompt when `expect` is empty."""
-        self.sandbox._require_running()
+        pattern in `expect`, or for the shell's prompt when `expect` is empty.
+
+        Raises:
+            SessionError: the session is closed, not started, or its shell exited.
+            CommandTimeoutError: as `run`.
+            SandboxNotRunningError: the sandbox is not running.
+            SandboxLimitError: the sandbox was stopped for exceeding a limit.
+        """
+        self._check_usable()
         timeout = self.sandbox.config.limits.command_timeout if timeout is None else timeout
         loop = asyncio.get_running_loop()
         began = loop.time()
@@ -306,7 +421,9 @@ class ShellSession:
 
     async def _finish(self, expect: Sequence[str] | None, timeout: float) -> SessionResult:
         self._busy = True
-        result = await self._wait(expect, timeout)
+        return self._finished(await self._wait(expect, timeout))
+
+    def _finished(self, result: SessionResult) -> SessionResult:
         # Still inside an interactive program when we stopped at an expect pattern.
         self._busy = result.exit_code is None
         return result
@@ -318,7 +435,7 @@ class ShellSession:
             (pgid,) = struct.unpack("i", fcntl.ioctl(self._master, termios.TIOCGPGRP, b"\0" * 4))
         except OSError:
             return None
-        return pgid
+        return int(pgid)
 
     async def interrupt(self, timeout: float = 2.0) -> SessionResult:
         """Stop what the session is running, each step given `timeout` seconds to bring the
@@ -330,29 +447,27 @@ class ShellSession:
         The session is usable again afterwards. Returns what was printed meanwhile.
 
         Raises:
-            SessionError: the shell exited, or a new one could not be started.
+            SessionError: the shell exited or the session was closed, or a new shell could
+                not be started.
+            SandboxNotRunningError: the sandbox is not running (when a restart is needed).
         """
         # A full input queue (a program that reads nothing) cannot take the Ctrl-C: go on.
         with contextlib.suppress(CommandTimeoutError):
             await self._write(b"\x03", min(timeout, 1.0))
         with contextlib.suppress(CommandTimeoutError):
-            return self._idle(await self._wait(None, timeout))
+            return self._finished(await self._wait(None, timeout))
         pgid = self._foreground_pgid()
         init = self.sandbox.pid
         if pgid and pgid != self._shell_pgid and init is not None:
             # The job's group, and what its processes started, also in other groups/sessions.
             await asyncio.to_thread(procs.kill_tree, init, groups=[pgid])
         with contextlib.suppress(CommandTimeoutError):
-            return self._idle(await self._wait(None, timeout))
+            return self._finished(await self._wait(None, timeout))
         return await self._restart()
-
-    def _idle(self, result: SessionResult) -> SessionResult:
-        self._busy = False
-        return result
 
     async def _restart(self) -> SessionResult:
         """Kill the shell and everything it started; start a new shell in its place."""
-        self.sandbox._require_running()
+        self.sandbox.require_running()
         printed, truncated = self._buf.getvalue(), self._buf.truncated
         shell, init = self._shell_pgid, self.sandbox.pid
         assert init is not None
@@ -365,7 +480,7 @@ class ShellSession:
         self._scan = bytearray()
         self._eof = False
         self._shell_pgid = None
-        await self._start()
+        await self._launch()
         self._busy = False
         return SessionResult(
             output=decode(printed) + RESTART_NOTE,
@@ -373,132 +488,3 @@ class ShellSession:
             truncated=truncated,
             restarted=True,
         )
-
-    @property
-    def busy(self) -> bool:
-        return self._busy
-
-    def _close(self) -> None:
-        if self._master is not None and self._shell_pgid and not self._eof:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self._shell_pgid, signal.SIGKILL)
-        self._detach()
-
-    def _detach(self) -> None:
-        """Stop reading the terminal and close our end of it."""
-        if self._master is not None:
-            with contextlib.suppress(Exception):
-                loop = asyncio.get_running_loop()
-                loop.remove_reader(self._master)
-                loop.remove_writer(self._master)
-            os.close(self._master)
-            self._master = None
-        self._eof = True
-
-    async def close(self) -> None:
-        await self.sandbox.close_session(self.name)
-
-
-class Terminal:
-    """A process inside a sandbox on a pty of the sandbox's own devpts; we hold the master."""
-
-    def __init__(self, master: int, peer: int, number: int) -> None:
-        self.master = master
-        self._peer: int | None = peer
-        self.number = number
-
-    def release_peer(self) -> None:
-        """Drop our handle on the terminal's other end once the process has it open; from then
-        on, reading the master fails (EIO) when the process is gone."""
-        if self._peer is not None:
-            os.close(self._peer)
-            self._peer = None
-
-    def close(self) -> None:
-        self.release_peer()
-        with contextlib.suppress(OSError):
-            os.close(self.master)
-
-
-def _open_pty(sandbox: Sandbox, rows: int, columns: int, echo: bool) -> Terminal:
-    # dev and dev/pts are mount points inside the sandbox: it cannot swap them for symlinks.
-    fd = os.open(
-        f"/proc/{sandbox.pid}/root/dev/pts/ptmx",
-        os.O_RDWR | os.O_NOCTTY | os.O_NOFOLLOW | os.O_CLOEXEC,
-    )
-    st = os.fstat(fd)
-    if not stat.S_ISCHR(st.st_mode) or st.st_rdev != _PTMX_RDEV:
-        os.close(fd)
-        raise SessionError("the sandbox's /dev/pts/ptmx is not the pty multiplexer")
-    try:
-        fcntl.ioctl(fd, _TIOCSPTLCK, struct.pack("i", 0))
-        (number,) = struct.unpack("I", fcntl.ioctl(fd, _TIOCGPTN, b"\0" * 4))
-        peer = fcntl.ioctl(fd, _TIOCGPTPEER, os.O_RDWR | os.O_NOCTTY)
-    except BaseException:
-        os.close(fd)
-        raise
-    try:
-        if not echo:
-            attrs = termios.tcgetattr(peer)
-            attrs[1] &= ~termios.ONLCR  # oflag: keep "\n" as it was written
-            attrs[3] &= ~(termios.ECHO | termios.ECHONL)  # lflag: no echo of our input
-            termios.tcsetattr(peer, termios.TCSANOW, attrs)
-        fcntl.ioctl(peer, termios.TIOCSWINSZ, struct.pack("HHHH", rows, columns, 0, 0))
-        if sandbox.as_root:
-            os.fchown(peer, sandbox.sandbox_uid, sandbox.sandbox_gid)
-    except BaseException:
-        os.close(peer)
-        os.close(fd)
-        raise
-    os.set_blocking(fd, False)
-    return Terminal(fd, peer, number)
-
-
-async def open_terminal(
-    sandbox: Sandbox,
-    argv: Sequence[str],
-    *,
-    env: dict[str, str] | None = None,
-    rows: int = 24,
-    columns: int = 80,
-    echo: bool = True,
-) -> Terminal:
-    """Start `argv` inside the sandbox as the leader of a new session whose controlling terminal
-    is a fresh pty. We keep the peer end open until the caller calls `release_peer()`: a master
-    whose slave was never opened reads as EIO, which would look like a process that exited."""
-    sandbox._require_running()
-    term = _open_pty(sandbox, rows, columns, echo)
-    try:
-        env_words = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
-        rid = sandbox._next_id()
-        started: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        sandbox._started[rid] = started
-        sandbox._send_control(
-            f"{{ exec setsid -c env {RESET_SIGNALS} {env_words} "
-            f"{' '.join(map(shlex.quote, argv))}; }} "
-            f'<>/dev/pts/{term.number} >&0 2>&0 9>&- & echo "P {rid} $!" >&9'
-        )
-        await asyncio.wait_for(started, 30)
-        await _until_controlling(term.master, 30)
-    except BaseException:
-        term.close()
-        raise
-    return term
-
-
-async def _until_controlling(master: int, timeout: float) -> None:
-    """Wait until the terminal is the controlling terminal of the new session (setsid -c has
-    run, so the process holds the terminal open). Output alone proves nothing: the terminal
-    echoes typed input by itself."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        try:
-            (sid,) = struct.unpack("i", fcntl.ioctl(master, _TIOCGSID, b"\0" * 4))
-            if sid > 0:
-                return
-        except OSError:
-            pass
-        if loop.time() > deadline:
-            raise SessionError("the terminal's process did not start")
-        await asyncio.sleep(0.001)

@@ -77,6 +77,22 @@ def test_unknown_arch_raises(arch: str) -> None:
     assert issubclass(UnsupportedArchError, RuntimeError)
 
 
+def test_filter_errors_are_minisandbox_errors() -> None:
+    """Callers catch MiniSandboxError: the filter's own errors are specific subclasses."""
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.sandbox.seccomp import FilterAssemblyError, _Asm
+
+    assert issubclass(UnsupportedArchError, MiniSandboxError)
+    asm = _Asm()
+    asm.jump(0x15, 0, "far", 0)  # JEQ with a forward label 300 instructions away
+    for _ in range(300):
+        asm.ret(0)
+    asm.label("far")
+    asm.ret(0)
+    with pytest.raises(FilterAssemblyError, match="out of range"):
+        asm.assemble()
+
+
 def test_denied_list() -> None:
     assert "ptrace" in DENIED_SYSCALLS and "mount" in DENIED_SYSCALLS
     assert "personality" not in DENIED_SYSCALLS

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import pickle
+import shlex
+import socket
 import time
 from pathlib import Path
 
@@ -14,11 +18,15 @@ from minisandbox import Limits, Sandbox, SandboxConfig, SyncSandbox
 from minisandbox.errors import (
     BwrapNotFoundError,
     CommandTimeoutError,
+    ControlProtocolError,
+    InvalidCommandError,
+    MiniSandboxError,
     SandboxConfigError,
     SandboxFileError,
     SandboxNotRunningError,
     SandboxStartError,
 )
+from minisandbox.sandbox.channel import ChannelDir, ControlChannel, Job, env_words
 
 
 async def test_execute_separates_streams_and_passes_exit_code(sandbox: Sandbox) -> None:
@@ -342,7 +350,7 @@ async def test_cgroup_limits_where_delegated() -> None:
 
 
 def test_disk_usage_counts_blocks_and_inodes_and_stops_at_a_cap(tmp_path: Path) -> None:
-    from minisandbox.sandbox.sandbox import _disk_usage
+    from minisandbox.sandbox.watchdog import disk_usage as _disk_usage
 
     (tmp_path / "d" / "e").mkdir(parents=True)
     for i in range(50):
@@ -404,3 +412,172 @@ async def test_kept_upper_work_dir_names_its_owner_and_dead_owners_are_swept(
         assert registered == [str(tmp_path / mine[0])]
     assert foreign.exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".upper.work-p")]
+
+
+# --------------------------------------------- the control channel, errors, helper files
+
+
+async def _channel_over_socket(tmp_path: Path) -> tuple[ControlChannel, socket.socket]:
+    """A ControlChannel whose control shell is the test: it reads what the host sends and
+    writes the replies on the other end of a socket pair."""
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    channel = ControlChannel(reader, writer, ChannelDir(tmp_path))
+    channel.start()
+    theirs.sendall(b"R\n")
+    await asyncio.wait_for(channel.ready(), 30)
+    return channel, theirs
+
+
+def _command(channel: ControlChannel) -> Job:
+    return channel.start_command(
+        ["true"], cwd="/", env={}, mark="m", stdin="/dev/null", stdout="/dev/null", stderr=None
+    )
+
+
+async def test_malformed_control_reply_fails_its_waiter_not_a_success(tmp_path: Path) -> None:
+    channel, shell = await _channel_over_socket(tmp_path)
+    try:
+        job = _command(channel)
+        assert job.exited is not None
+        sent = await asyncio.wait_for(asyncio.to_thread(shell.recv, 65536), 30)
+        assert f'echo "X {job.id} $?" >&9'.encode() in sent  # the line the shell would run
+        # A status that is not a number (a Unicode digit included): an error, never exit 0.
+        shell.sendall(f"P {job.id} 42\nX {job.id} ²\n".encode())
+        assert await asyncio.wait_for(job.started, 30) == 42
+        with pytest.raises(ControlProtocolError, match="malformed control reply"):
+            await asyncio.wait_for(job.exited, 30)
+        channel.forget(job)
+        # Lines that name no waiting job are dropped; the channel keeps working.
+        other, extra = _command(channel), _command(channel)
+        assert other.exited is not None and extra.exited is not None
+        shell.sendall(f"garbage\nX\nX nobody 1\nX {other.id} -3\nX {extra.id} 1 2\n".encode())
+        assert await asyncio.wait_for(other.exited, 30) == -3
+        with pytest.raises(ControlProtocolError):
+            await asyncio.wait_for(extra.exited, 30)
+        # The end of the channel fails whatever still waits.
+        last = _command(channel)
+        assert last.exited is not None
+        shell.close()
+        with pytest.raises(SandboxNotRunningError):
+            await asyncio.wait_for(last.exited, 30)
+        assert channel.closed
+        with pytest.raises(SandboxNotRunningError):
+            _command(channel)
+    finally:
+        shell.close()
+        await channel.close()
+
+
+def test_env_words_is_the_one_quoting_and_refuses_bad_names() -> None:
+    value = "a b 'c' \"d\" $(touch /x) `e` \\f\ng"
+    words = env_words({"A": value, "-S": "x"})
+    assert shlex.split(words) == [f"A={value}", "-S=x"]
+    for bad in ({"": "x"}, {"A=B": "x"}, {"A": "x\0"}):
+        with pytest.raises(InvalidCommandError):
+            env_words(bad)
+    assert issubclass(InvalidCommandError, ValueError)
+
+
+async def test_variables_reach_commands_and_sessions_alike(sandbox: Sandbox) -> None:
+    value = "a b 'c' \"d\" $(echo injected) `echo x` \\e"
+    env = {"ODD": value, "PLAIN": "p"}
+    r = await sandbox.execute(["printenv", "ODD", "PLAIN"], env=env)
+    assert r.stdout == f"{value}\np\n", r.output
+    session = await sandbox.create_session("odd", env=env)
+    assert (await session.run('printf "%s|%s" "$ODD" "$PLAIN"')).output == f"{value}|p"
+    for bad in ({"A=B": "x"}, {"": "x"}):
+        with pytest.raises(InvalidCommandError):
+            await sandbox.execute("true", env=bad)
+        with pytest.raises(InvalidCommandError):
+            await sandbox.create_session("bad", env=bad)
+    assert sandbox.sessions == ["odd"]
+    with pytest.raises(ValueError, match="empty command"):  # InvalidCommandError is one
+        await sandbox.execute([])
+
+
+async def test_file_errors_name_their_errno(sandbox: Sandbox) -> None:
+    script = (
+        "mkdir -p /tmp/d && echo x > /tmp/locked && chmod 000 /tmp/locked && "
+        "echo x > /tmp/file && ln -s loop1 /tmp/loop2 && ln -s loop2 /tmp/loop1"
+    )
+    assert (await sandbox.execute(script)).exit_code == 0
+    expected_reads = {
+        "/tmp/missing": errno.ENOENT,
+        "/tmp/d": errno.EISDIR,
+        "/tmp/locked": errno.EACCES,
+        "/tmp/file/below": errno.ENOTDIR,
+        "/tmp/loop1": errno.ELOOP,
+    }
+    for path, code in expected_reads.items():
+        with pytest.raises(SandboxFileError) as info:
+            await sandbox.read_file(path)
+        assert info.value.errno == code, (path, info.value)
+        assert path in str(info.value) and not str(info.value).startswith("[Errno")
+    with pytest.raises(SandboxFileError) as info:
+        await sandbox.read_file("/tmp/file", max_bytes=1)
+    assert info.value.errno == errno.EFBIG
+    with pytest.raises(SandboxFileError) as info:
+        await sandbox.read_file("/tmp/a\0b")
+    assert info.value.errno == errno.EINVAL
+    expected_writes = {
+        "/tmp/d": errno.EISDIR,
+        "/tmp/file/below": errno.EEXIST,  # mkdir -p: a parent that is a file
+        "/usr/minisandbox-test": errno.EROFS,
+    }
+    for path, code in expected_writes.items():
+        with pytest.raises(SandboxFileError) as info:
+            await sandbox.write_file(path, "x")
+        assert info.value.errno == code, (path, info.value)
+    with pytest.raises(SandboxFileError) as info:
+        await sandbox.upload("/does/not/exist", "/tmp/x")
+    assert info.value.errno == errno.ENOENT
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert (type(copy), copy.errno, str(copy)) == (SandboxFileError, errno.ENOENT, str(info.value))
+    # The errors of a cause that is unknown keep errno None.
+    assert SandboxFileError("why").errno is None
+
+
+def test_helper_programs_are_package_files() -> None:
+    from importlib import resources
+
+    from minisandbox.sandbox import scripts
+
+    folder = resources.files("minisandbox.sandbox") / "helpers"
+    names = {p.name for p in folder.iterdir()}
+    assert {"control.sh", "fail.sh", "read_file.sh", "write_file.sh", "extract_tar.sh"} <= names
+    assert scripts.helper("read_file.sh") is scripts.helper("read_file.sh")  # read once
+    assert scripts.file_helper("read_file.sh").startswith(scripts.helper("fail.sh"))
+
+
+def test_every_error_raised_in_the_sandbox_package_is_specific() -> None:
+    """A `raise Name(...)` in minisandbox.sandbox names a subclass of MiniSandboxError, never
+    MiniSandboxError itself nor a builtin (the scanner's private stop signal excepted)."""
+    import ast
+    import importlib
+    import pkgutil
+
+    import minisandbox.sandbox as package
+
+    allowed_private = {"_StopScan"}
+    wrong = []
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        assert module.__file__ is not None
+        tree = ast.parse(Path(module.__file__).read_text())
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Raise) or not isinstance(node.exc, ast.Call):
+                continue
+            func = node.exc.func
+            name = func.id if isinstance(func, ast.Name) else ast.unparse(func)
+            if name in allowed_private:
+                continue
+            cls = getattr(module, name, None)
+            ok = (
+                isinstance(cls, type)
+                and issubclass(cls, MiniSandboxError)
+                and cls is not MiniSandboxError
+            )
+            if not ok:
+                wrong.append(f"{info.name}.py:{node.lineno} raises {name}")
+    assert not wrong, wrong

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from minisandbox import Sandbox
-from minisandbox.errors import CommandTimeoutError, SessionError
+from minisandbox.errors import CommandTimeoutError, InvalidCommandError, SessionError
 from minisandbox.sandbox import procs
-from minisandbox.sandbox.session import RESTART_NOTE, RESTARTED_EXIT_CODE
+from minisandbox.sandbox.session import RESTART_NOTE, RESTARTED_EXIT_CODE, ShellSession
 
 
 async def test_state_persists_between_commands(sandbox: Sandbox) -> None:
@@ -171,3 +171,92 @@ def _markers(pid: int) -> list[str]:
     with open(f"/proc/{pid}/environ", "rb") as f:
         words = f.read().decode().split("\0")
     return [w for w in words if w.startswith(procs.MARKER_VAR + "=")]
+
+
+async def test_unread_input_does_not_hold_up_other_sandboxes(sandbox: Sandbox) -> None:
+    """Typing far more than a pipe or terminal buffer (> 64 KiB) into a program that never
+    reads its stdin waits on the event loop: another sandbox on the same loop starts and runs
+    commands, and a plain coroutine keeps ticking, while the write is still pending. Closing
+    the session ends the write (SessionError from the write itself) and leaves the sandbox
+    working."""
+    deaf = await sandbox.create_session("deaf")
+    payload = ("z" * 1023 + "\n") * 512  # 512 KiB
+    # Below pytest's timeout: a write that blocked the loop would fail the asserts below.
+    typing = asyncio.ensure_future(deaf.run("sleep 1000", input=payload, timeout=240))
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0.01)
+
+    ticker = asyncio.ensure_future(tick())
+    try:
+        async with Sandbox() as other:
+            for i in range(3):
+                before = ticks
+                r = await asyncio.wait_for(other.execute(f"echo {i}"), 300)
+                assert r.stdout == f"{i}\n"
+                assert not typing.done(), typing
+            session = await asyncio.wait_for(other.create_session(), 300)
+            assert (await session.run("echo other", timeout=300)).output == "other\n"
+        for _ in range(3000):  # the loop keeps serving coroutines (bounded, generous)
+            if ticks > before + 5:
+                break
+            await asyncio.sleep(0.01)
+        assert ticks > before + 5
+        assert not typing.done(), "the input was all taken: the test proves nothing"
+    finally:
+        ticker.cancel()
+    await deaf.close()
+    with pytest.raises(SessionError, match="has exited"):  # raised by the pending write
+        await asyncio.wait_for(typing, 60)
+    assert "deaf" not in sandbox.sessions
+    assert (await sandbox.execute("echo fine")).stdout == "fine\n"
+    for _ in range(600):  # the deaf program dies with its shell (bounded, generous)
+        if not (await sandbox.execute("pgrep -x sleep || true")).stdout:
+            break
+        await asyncio.sleep(0.1)
+    assert not (await sandbox.execute("pgrep -x sleep || true")).stdout
+
+
+async def test_session_lifecycle_is_separate_from_its_commands(sandbox: Sandbox) -> None:
+    s = ShellSession(sandbox, "mine", env={"WHO": "me"})
+    with pytest.raises(SessionError, match="not started"):
+        await s.run("true")
+    assert await s.start() is s
+    with pytest.raises(SessionError, match="already started"):
+        await s.start()
+    assert (await s.run("echo $WHO")).output == "me\n"
+    assert "mine" not in sandbox.sessions  # made by hand: not the sandbox's to close
+    await s.close()
+    await s.close()  # idempotent
+    assert s.closed
+    with pytest.raises(SessionError, match="closed"):
+        await s.run("true")
+    with pytest.raises(SessionError, match="closed"):
+        await s.start()
+    # A session of the sandbox's: close() forgets it, and its name can be used again.
+    t = await sandbox.create_session("t")
+    await t.close()
+    assert "t" not in sandbox.sessions
+    with pytest.raises(SessionError, match="no session"):
+        await sandbox.close_session("t")
+    t2 = await sandbox.create_session("t")
+    assert t2 is not t and (await t2.run("echo again")).output == "again\n"
+    with pytest.raises(InvalidCommandError):
+        await t2.run("echo \0")
+
+
+async def test_sessions_are_closed_when_the_sandbox_stops() -> None:
+    sb = await Sandbox().start()
+    try:
+        s = await sb.create_session("x")
+        waiting = asyncio.ensure_future(s.run("sleep 1000", timeout=240))
+        await asyncio.sleep(0.5)
+    finally:
+        await sb.stop()
+    assert s.closed and sb.sessions == []
+    with pytest.raises(SessionError):
+        await asyncio.wait_for(waiting, 60)  # woken by the close, not by its timeout

@@ -1,0 +1,398 @@
+"""The control channel between the host and a sandbox's control shell.
+
+The control shell (helpers/control.sh, the command bwrap runs) evaluates each line the host
+writes to its stdin, and answers on its stdout, one reply a line:
+
+    R               the shell is ready (once, first)
+    P <id> <pid>    job <id> started, as process <pid> (a pid inside the sandbox)
+    X <id> <code>   job <id> exited with status <code>
+
+Job ids are random, not sequential: a process left in the sandbox should not guess the next
+one. A reply that names a job but does not parse (a status that is not a number) fails that
+job's waiter with ControlProtocolError; it is never read as a success. A line that names no
+waiting job is logged and dropped. When the channel closes (the shell exited, or the host
+stopped reading), every waiter left fails with the reason its owner gives.
+
+Data other than control lines goes through the channel directory (IO_DIR inside): FIFOs for
+output, files for input and for control lines longer than one line. The host creates and opens
+them only relative to a descriptor of that directory, never following a symlink and never
+opening an existing file for writing, so nothing the sandbox writes there can steer the host to
+one of its own paths.
+
+Every control line is built here, `env_words` being the one quoting of environment variables.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import re
+import secrets
+import shlex
+import stat
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from minisandbox.errors import (
+    ControlProtocolError,
+    InvalidCommandError,
+    SandboxFileError,
+    SandboxNotRunningError,
+)
+from minisandbox.sandbox import procs
+from minisandbox.sandbox.rootfs import IO_DIR, RESET_SIGNALS
+
+logger = logging.getLogger(__name__)
+
+_NUMBER = re.compile(r"-?[0-9]+")
+_READY = "R"
+
+
+def new_id() -> str:
+    """A fresh job or file id: random, so that nothing inside can guess the next one."""
+    return secrets.token_hex(6)
+
+
+def quote(word: str) -> str:
+    """`word` as one word for the control shell."""
+    return shlex.quote(word)
+
+
+def env_words(env: Mapping[str, str]) -> str:
+    """`NAME=value` operands for env(1), each quoted as one word for the control shell.
+
+    Raises:
+        InvalidCommandError: a name is empty or holds `=` or a NUL byte, or a value holds a
+            NUL byte.
+    """
+    for name, value in env.items():
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise InvalidCommandError(
+                f"environment variable {name!r}: a name must be non-empty without '=' or NUL "
+                "bytes, and a value cannot contain NUL bytes"
+            )
+    return " ".join(quote(f"{name}={value}") for name, value in env.items())
+
+
+class ChannelDir:
+    """The host's side of a sandbox's channel directory (IO_DIR inside).
+
+    Every operation is relative to a descriptor of the directory and refuses symlinks: the
+    sandbox can write to the directory too. `owner` (uid, gid), when given, becomes the owner
+    of what is created (a root caller's sandbox runs as another uid)."""
+
+    def __init__(self, path: Path, owner: tuple[int, int] | None = None) -> None:
+        self.path = path
+        self._owner = owner
+        self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+    @staticmethod
+    def inside(name: str) -> str:
+        """The path of channel file `name` as the sandbox sees it."""
+        return f"{IO_DIR}/{name}"
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def _dir_fd(self) -> int:
+        if self._fd is None:
+            raise SandboxNotRunningError(f"the channel directory {self.path} is closed")
+        return self._fd
+
+    def mkfifo(self, name: str) -> int:
+        """Create FIFO `name` and open its read end (non-blocking).
+
+        Raises:
+            SandboxFileError: something else took its place before it was opened.
+            SandboxNotRunningError: the directory is closed (the sandbox stopped).
+        """
+        fd = self._dir_fd()
+        os.mkfifo(name, 0o600, dir_fd=fd)
+        if self._owner is not None:
+            os.chown(name, *self._owner, dir_fd=fd, follow_symlinks=False)
+        rfd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        if not stat.S_ISFIFO(os.fstat(rfd).st_mode):
+            os.close(rfd)
+            raise SandboxFileError(f"channel file {name} in {self.path} was replaced")
+        return rfd
+
+    def create(self, name: str) -> int:
+        """Create the new regular file `name` for writing (never an existing one): its fd.
+
+        Raises:
+            FileExistsError: `name` exists (the sandbox may have made it).
+            SandboxNotRunningError: the directory is closed (the sandbox stopped).
+        """
+        dir_fd = self._dir_fd()
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=dir_fd)
+        if self._owner is not None:
+            os.fchown(fd, *self._owner)
+        return fd
+
+    def write(self, name: str, data: bytes) -> None:
+        """Create the new file `name` holding `data`.
+
+        Raises:
+            FileExistsError: `name` exists (the sandbox may have made it).
+            SandboxNotRunningError: the directory is closed (the sandbox stopped).
+        """
+        with os.fdopen(self.create(name), "wb") as f:
+            f.write(data)
+
+    def unlink(self, *names: str) -> None:
+        """Remove channel files; those already gone, or a closed directory, are no error."""
+        if self._fd is None:
+            return
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(name, dir_fd=self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """Something the control shell was asked to start, and the replies it will send."""
+
+    id: str
+    started: asyncio.Future[int]  # its pid inside the sandbox (the P reply)
+    exited: asyncio.Future[int] | None  # its exit status (the X reply); None: not reported
+
+
+class ControlChannel:
+    """The host's end of a control shell: sends control lines, reads the replies.
+
+    `reader` is the shell's stdout, `writer` its stdin, `files` the sandbox's channel
+    directory. `on_close()` is called once when the replies end, and returns the exception
+    that the waiters left get (by default SandboxNotRunningError).
+
+    Usage: `start()` (begins reading), `await ready()`, then `start_command`,
+    `start_on_terminal`, `kill_group`, `send`; `forget(job)` once a job's replies are of no
+    more interest; `await close()` at the end."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        files: ChannelDir,
+        *,
+        on_close: Callable[[], BaseException] | None = None,
+    ) -> None:
+        self.files = files
+        self._reader = reader
+        self._writer = writer
+        self._on_close = on_close
+        self._started: dict[str, asyncio.Future[int]] = {}
+        self._exited: dict[str, asyncio.Future[int]] = {}
+        self._ready: asyncio.Future[int] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed: BaseException | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Begin reading replies (once), in a task of the running loop."""
+        if self._task is None:
+            self._ready = asyncio.get_running_loop().create_future()
+            self._started[_READY] = self._ready
+            self._task = asyncio.create_task(self._read())
+
+    async def ready(self) -> None:
+        """Wait for the shell's first reply (bound it with a timeout).
+
+        Raises:
+            SandboxNotRunningError: (or `on_close`'s exception) the channel closed first.
+        """
+        if self._ready is None:
+            raise SandboxNotRunningError("the control channel was not started")
+        await self._ready
+
+    @property
+    def closed(self) -> bool:
+        """No more replies will come (the shell exited, or `close()` was called)."""
+        return self._closed is not None
+
+    async def close(self) -> None:
+        """Stop reading replies; the waiters left fail. Idempotent."""
+        task = self._task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self._closed is None:  # never started
+            self._fail_waiters()
+
+    # ---------------------------------------------------------------- requests
+
+    def send(self, line: str) -> None:
+        """Have the control shell evaluate `line` (a line with newlines goes as a file).
+
+        Raises:
+            SandboxNotRunningError: the channel is closed.
+        """
+        if self._closed is not None:
+            raise SandboxNotRunningError(f"the control channel is closed: {self._closed}")
+        if "\n" in line:  # the control shell reads lines: hand it a multi-line one as a file
+            name = f"ctl-{new_id()}"
+            self.files.write(name, line.encode())
+            path = quote(ChannelDir.inside(name))
+            line = f". {path}; rm -f {path}"
+        self._writer.write(line.encode() + b"\n")
+
+    def _expect(self, exits: bool) -> Job:
+        loop = asyncio.get_running_loop()
+        job = Job(new_id(), loop.create_future(), loop.create_future() if exits else None)
+        self._started[job.id] = job.started
+        if job.exited is not None:
+            self._exited[job.id] = job.exited
+        return job
+
+    def _submit(self, job: Job, line: str) -> Job:
+        try:
+            self.send(line)
+        except BaseException:
+            self.forget(job)
+            raise
+        return job
+
+    def start_command(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: str,
+        env: Mapping[str, str],
+        mark: str,
+        stdin: str,
+        stdout: str,
+        stderr: str | None,
+    ) -> Job:
+        """Start `argv` in the background, in a session of its own (setsid), from `cwd`, with
+        `env` added to the shell's environment and the marker `mark` (procs.MARKER_VAR) first
+        in it. Its streams are the paths inside `stdin`, `stdout` and `stderr` (None: into
+        stdout). The job reports its pid and its exit status; an unusable `cwd` is status 126.
+
+        Raises:
+            InvalidCommandError: a variable's name or value cannot be passed (see env_words).
+            SandboxNotRunningError: the channel is closed.
+        """
+        words = env_words({procs.MARKER_VAR: mark, **env})
+        job = self._expect(exits=True)
+        err = "2>&1" if stderr is None else f"2>{quote(stderr)}"
+        command = " ".join(quote(a) for a in argv)
+        # The job's fd 9 is closed: only the shell answers on it.
+        line = (
+            f"{{ {{ cd -- {quote(cwd)} || exit 126; exec 9>&-; "
+            f"exec env {RESET_SIGNALS} {words} setsid {command}; }} "
+            f"<{quote(stdin)} >{quote(stdout)} {err} & "
+            f'p=$!; echo "P {job.id} $p" >&9; wait $p; echo "X {job.id} $?" >&9; }} &'
+        )
+        return self._submit(job, line)
+
+    def start_on_terminal(
+        self, argv: Sequence[str], *, env: Mapping[str, str], terminal: str
+    ) -> Job:
+        """Start `argv` as the leader of a new session whose controlling terminal is
+        `terminal` (a path inside, such as /dev/pts/3), with `env` added. Reports its pid
+        only (`exited` is None): the end of such a process shows on its terminal.
+
+        Raises:
+            InvalidCommandError: a variable's name or value cannot be passed (see env_words).
+            SandboxNotRunningError: the channel is closed.
+        """
+        words = env_words(env)
+        job = self._expect(exits=False)
+        command = " ".join(quote(a) for a in argv)
+        line = (
+            f"{{ exec setsid -c env {RESET_SIGNALS} {words} {command}; }} "
+            f'<>{quote(terminal)} >&0 2>&0 9>&- & echo "P {job.id} $!" >&9'
+        )
+        return self._submit(job, line)
+
+    def kill_group(self, pid: int) -> None:
+        """SIGKILL the process group and the session of `pid` (a pid inside), from inside.
+
+        Raises:
+            SandboxNotRunningError: the channel is closed.
+        """
+        self.send(f"kill -KILL -- -{int(pid)} 2>/dev/null; pkill -KILL -s {int(pid)} 2>/dev/null")
+
+    def forget(self, job: Job) -> None:
+        """Drop the waiters of `job`: replies still to come for it are ignored."""
+        for table, fut in ((self._started, job.started), (self._exited, job.exited)):
+            if fut is None:
+                continue
+            if table.get(job.id) is fut:
+                del table[job.id]
+            if not fut.done():
+                fut.cancel()
+            elif not fut.cancelled():
+                fut.exception()  # retrieved: an error nobody awaited is not logged
+
+    # ---------------------------------------------------------------- replies
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                try:
+                    line = await self._reader.readline()
+                except ValueError:  # longer than the reader's limit: not one of ours
+                    logger.warning("dropped an overlong line on a control channel")
+                    continue
+                if not line:
+                    return
+                self._dispatch(line)
+        finally:
+            self._fail_waiters()
+
+    def _dispatch(self, raw: bytes) -> None:
+        parts = raw.decode(errors="replace").split()
+        if not parts:
+            return
+        if parts == [_READY]:
+            self._resolve(self._started, _READY, None, raw)
+            return
+        kind, rest = parts[0], parts[1:]
+        if kind not in ("P", "X") or not rest:
+            logger.warning("dropped a control reply that names no job: %r", raw[:200])
+            return
+        table = self._exited if kind == "X" else self._started
+        self._resolve(table, rest[0], rest[1:], raw)
+
+    def _resolve(
+        self, table: dict[str, asyncio.Future[int]], key: str, values: list[str] | None, raw: bytes
+    ) -> None:
+        fut = table.pop(key, None)
+        if fut is None or fut.done():
+            if fut is None:
+                logger.debug("dropped a control reply for no waiting job: %r", raw[:200])
+            return
+        if values is None:
+            fut.set_result(0)
+        elif len(values) == 1 and _NUMBER.fullmatch(values[0]):
+            fut.set_result(int(values[0]))
+        else:
+            fut.set_exception(
+                ControlProtocolError(f"malformed control reply {raw[:200]!r}: expected one number")
+            )
+
+    def _fail_waiters(self) -> None:
+        reason: BaseException | None = None
+        if self._on_close is not None:
+            with contextlib.suppress(Exception):
+                reason = self._on_close()
+        if reason is None:
+            reason = SandboxNotRunningError("the control channel closed")
+        self._closed = reason
+        for fut in [*self._exited.values(), *self._started.values()]:
+            if not fut.done():
+                fut.set_exception(reason)
+        self._exited.clear()
+        self._started.clear()

@@ -1,0 +1,256 @@
+"""Starting a sandbox's bwrap: checks first, the command line, then the user namespace's maps
+and the limits of its pid 1.
+
+bwrap is started with --userns-block-fd: it waits, in its new user namespace, until the host has
+written the namespace's uid and gid maps and set the rlimits of its pid 1 (`setup_userns`), so
+that nothing of the sandbox runs before they hold. RLIMIT_NPROC is set after the namespace
+exists: it then counts the processes of this sandbox only, not every process of the caller's uid.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import threading
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+from minisandbox.errors import SandboxConfigError, SandboxStartError
+from minisandbox.sandbox import runtime
+from minisandbox.sandbox.bwrap import check_userns, find_bwrap
+from minisandbox.sandbox.cgroups import delegated_parent
+from minisandbox.sandbox.config import Limits, SandboxConfig
+from minisandbox.sandbox.rootfs import DEFAULT_PATH, MountPlan, build_system_layer
+from minisandbox.sandbox.scripts import helper
+
+T = TypeVar("T")
+# How long bwrap may take to set a sandbox up (its info, then the control shell's first reply).
+START_TIMEOUT = 30.0
+
+
+def preflight(config: SandboxConfig, as_root: bool) -> Path:
+    """Everything a start needs from the host, checked before anything is created: the bwrap
+    to run.
+
+    Raises:
+        SandboxConfigError: a whole-sandbox memory cap that nothing here would enforce.
+        BwrapNotFoundError: no usable bwrap.
+        UserNamespacesUnavailableError: the kernel refuses unprivileged user namespaces.
+        SandboxStartError: a host tool the sandbox relies on is missing.
+    """
+    check_total_memory(config.limits.total_memory_bytes)
+    bwrap = find_bwrap(config.bwrap)
+    check_userns()
+    for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if as_root else ()):
+        if shutil.which(tool, path=DEFAULT_PATH) is None:
+            raise SandboxStartError(f"the host has no `{tool}` in /usr/bin or /bin; install it")
+    return bwrap
+
+
+def check_total_memory(total_memory_bytes: int | None) -> None:
+    """Refuse a whole-sandbox memory cap that nothing would enforce.
+
+    Raises:
+        SandboxConfigError: `total_memory_bytes` is set and no delegated cgroup v2 is usable.
+    """
+    if total_memory_bytes is not None and delegated_parent() is None:
+        raise SandboxConfigError(
+            f"Limits.total_memory_bytes={total_memory_bytes} cannot be enforced: it needs a "
+            f"delegated cgroup v2 with the memory and pids controllers, and uid {os.geteuid()} "
+            "has none here. Unset it (the per-process Limits.memory_bytes still applies), or "
+            "delegate a cgroup v2 directory and name it in MINISANDBOX_CGROUP"
+        )
+
+
+_system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}
+_system_lock = threading.Lock()
+
+
+def system_layer(process_dir: Path, owner: tuple[int, int] | None) -> Path:
+    """The lowest layer of every sandbox of this process (rootfs.build_system_layer), made
+    once per process and owner."""
+    with _system_lock:
+        key = (process_dir, owner)
+        if key not in _system_layers:
+            name = "system" if owner is None else f"system-{owner[0]}"
+            _system_layers[key] = build_system_layer(process_dir / name, owner)
+        return _system_layers[key]
+
+
+def sandbox_env(config: SandboxConfig) -> dict[str, str]:
+    """The environment of everything in the sandbox: a root-like login, then `config.env`."""
+    path = DEFAULT_PATH
+    env = {
+        "HOME": "/root",
+        "USER": "root",
+        "LOGNAME": "root",
+        "SHELL": "/bin/bash",
+        "LANG": "C.UTF-8",
+        "TMPDIR": "/tmp",
+        "HOSTNAME": config.hostname,
+    }
+    if config.venv:
+        path = f"{config.venv}/bin:{path}"
+        env["VIRTUAL_ENV"] = config.venv
+    env["PATH"] = path
+    env.update(config.env)
+    return env
+
+
+def pipe_with(data: bytes) -> int:
+    """A readable fd holding `data` (small: it must fit in the pipe buffer)."""
+    r, w = os.pipe()
+    try:
+        os.write(w, data)
+    finally:
+        os.close(w)
+    return r
+
+
+def bwrap_argv(
+    bwrap: Path,
+    config: SandboxConfig,
+    plan: MountPlan,
+    *,
+    as_root: bool,
+    info_fd: int,
+    block_fd: int,
+    seccomp_fd: int,
+    data_fds: Sequence[int],
+) -> list[str]:
+    """bwrap's command line: namespaces, privileges, environment, mounts (`plan`, whose data
+    files are read from `data_fds`, in order), then the control shell."""
+    args = [str(bwrap), *_namespace_args(config, info_fd, block_fd, seccomp_fd)]
+    if as_root:
+        # Just what setpriv needs to switch to the mapped uid and empty the bounding set.
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    args.append("--clearenv")
+    for k, v in sandbox_env(config).items():
+        args += ["--setenv", k, v]
+    args += plan.args
+    for (dest, _content), fd in zip(plan.data, data_fds, strict=True):
+        args += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
+    args += ["--chdir", config.workdir, "--"]
+    if as_root:
+        args += [
+            "setpriv",
+            "--reuid=0",
+            "--regid=0",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--",
+        ]
+    return [*args, "/bin/sh", "-c", helper("control.sh")]
+
+
+def _namespace_args(
+    config: SandboxConfig, info_fd: int, block_fd: int, seccomp_fd: int
+) -> list[str]:
+    args = [
+        "--unshare-user",
+        "--userns-block-fd",
+        str(block_fd),
+        "--info-fd",
+        str(info_fd),
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--hostname",
+        config.hostname,
+        "--die-with-parent",
+        # Held by every bwrap process but the command: the janitor's sign that no bwrap
+        # of ours may still be setting up (see cleanup).
+        "--sync-fd",
+        str(runtime.lifeline_fd()),
+        "--new-session",
+        "--seccomp",
+        str(seccomp_fd),
+        "--cap-drop",
+        "ALL",
+    ]
+    if not config.network:
+        args.append("--unshare-net")
+    return args
+
+
+async def read_child_pid(fd: int) -> int | None:
+    """The host pid of the sandbox's pid 1, from bwrap's --info-fd JSON; None when bwrap
+    closed it without writing one (it failed)."""
+    loop = asyncio.get_running_loop()
+    buf = b""
+    while True:
+        chunk = await loop.run_in_executor(None, os.read, fd, 4096)
+        if not chunk:
+            return None
+        buf += chunk
+        with contextlib.suppress(ValueError):
+            info = json.JSONDecoder().raw_decode(buf.decode())[0]
+            pid = info.get("child-pid") if isinstance(info, dict) else None
+            if not isinstance(pid, int) or pid <= 0:
+                raise SandboxStartError(f"bwrap reported no child pid: {buf[:200]!r}")
+            return pid
+
+
+def write_id_maps(pid: int, owner: tuple[int, int], as_root: bool) -> None:
+    """Write the uid and gid maps that bwrap waits for: the sandbox's uid 0 is `owner`."""
+    uid, gid = owner
+    if as_root:
+        # Host root appears as uid 1 only so that bwrap's own setup can run; nothing in the
+        # sandbox can become it (no capabilities, no_new_privs).
+        uid_map, gid_map = f"0 {uid} 1\n1 0 1\n", f"0 {gid} 1\n1 0 1\n"
+    else:
+        uid_map, gid_map = f"0 {uid} 1\n", f"0 {gid} 1\n"
+    with open(f"/proc/{pid}/uid_map", "w") as f:
+        f.write(uid_map)
+    if not as_root:
+        # Required before an unprivileged gid map. A root caller keeps setgroups() so that
+        # setpriv can clear the supplementary groups (host root's group 0) inside.
+        with open(f"/proc/{pid}/setgroups", "w") as f:
+            f.write("deny")
+    with open(f"/proc/{pid}/gid_map", "w") as f:
+        f.write(gid_map)
+
+
+def apply_rlimits(pid: int, limits: Limits, as_root: bool) -> None:
+    """Set the per-process limits on the sandbox's pid 1 (after its user namespace exists);
+    an unprivileged caller cannot go above its own hard limits."""
+    wanted = {
+        resource.RLIMIT_NPROC: limits.processes,
+        resource.RLIMIT_AS: limits.memory_bytes,
+        resource.RLIMIT_NOFILE: limits.open_files,
+        # One file may not outgrow the upper layer's cap between two watchdog scans.
+        resource.RLIMIT_FSIZE: _min_set(limits.file_size_bytes, limits.upper_bytes),
+        resource.RLIMIT_CPU: limits.cpu_seconds,
+        resource.RLIMIT_CORE: 0,
+    }
+    for res, value in wanted.items():
+        if value is None:
+            continue
+        _soft, hard = resource.prlimit(pid, res)
+        if hard != resource.RLIM_INFINITY and not as_root:
+            value = min(value, hard)
+        resource.prlimit(pid, res, (value, value))
+
+
+def _min_set(*values: int | None) -> int | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
+async def within(step: Awaitable[T], what: str) -> T:
+    """`step`, bounded by START_TIMEOUT.
+
+    Raises:
+        SandboxStartError: it took longer.
+    """
+    try:
+        return await asyncio.wait_for(step, START_TIMEOUT)
+    except asyncio.TimeoutError:
+        raise SandboxStartError(f"bwrap did not {what} within {START_TIMEOUT} s") from None
