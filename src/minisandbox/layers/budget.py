@@ -27,17 +27,14 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from minisandbox.errors import MiniSandboxError
+from minisandbox.layers.errors import IOBudgetError, IOBudgetStateError
+from minisandbox.utils.procfs import start_time
 
 ENV_VAR = "MINISANDBOX_IO_BUDGET"
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGTP]?)(?:I?B)?\s*$", re.IGNORECASE)
 _POLL_MIN = 0.005
 _POLL_MAX = 0.1
-
-
-class IOBudgetError(MiniSandboxError, ValueError):
-    """A budget is misconfigured (a size that does not parse, a limit below 1 byte)."""
 
 
 def parse_size(text: str | int) -> int:
@@ -58,20 +55,6 @@ class IOBudget(ABC):
         """`async with budget.reserve(n):` holds n bytes of the budget for the block."""
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time (clock ticks since boot), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            data = fh.read()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return ""  # unreadable: alive, but the start time is unknown
-    # The command name (field 2) may hold spaces and parentheses: split after its last ")".
-    fields = data[data.rfind(b")") + 2 :].split()
-    return fields[19].decode() if len(fields) > 19 else ""
-
-
 def pid_alive(pid: int) -> bool:
     """Whether a process with this pid exists (perhaps another user's)."""
     try:
@@ -85,7 +68,7 @@ def pid_alive(pid: int) -> bool:
 
 def _alive(pid: int, start: str) -> bool:
     if os.path.isdir("/proc/self"):
-        now = _start_time(pid)
+        now = start_time(pid, unreadable="")
         return now is not None and (not start or not now or now == start)
     return pid_alive(pid)
 
@@ -138,7 +121,7 @@ class LocalIOBudget(IOBudget):
         # Looked up per pid, not once: a forked child must not queue under its parent's name.
         pid = os.getpid()
         if self._me is None or self._me[0] != pid:
-            self._me = (pid, _start_time(pid) or "")
+            self._me = (pid, start_time(pid, unreadable="") or "")
         return self._me
 
     def _enqueue(self, token: str, nbytes: int) -> None:
@@ -152,7 +135,9 @@ class LocalIOBudget(IOBudget):
             queue = state["queue"]
             if not queue or queue[0]["token"] != token:
                 if not any(w["token"] == token for w in queue):
-                    raise RuntimeError(f"budget ticket {token} vanished from {self._state_path}")
+                    raise IOBudgetStateError(
+                        f"budget ticket {token} vanished from {self._state_path}"
+                    )
                 return False
             head = queue[0]
             in_flight = sum(h["nbytes"] for h in state["holders"])

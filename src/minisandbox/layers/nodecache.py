@@ -46,8 +46,9 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from minisandbox.layers.budget import IOBudget, LocalIOBudget, pid_alive
+from minisandbox.layers.ids import check_layer_id, is_layer_id
 from minisandbox.layers.pool import FilePool
-from minisandbox.layers.store import LayerNotFoundError, LayerStore
+from minisandbox.layers.store import LayerStore
 from minisandbox.sandbox.cleanup import remove_tree
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,6 @@ logger = logging.getLogger(__name__)
 _PRIVATE = ("layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget")
 _POLL_MIN = 0.01
 _POLL_MAX = 0.2
-_HEX = frozenset("0123456789abcdef")
 
 
 class CacheUsage(BaseModel):
@@ -66,12 +66,6 @@ class CacheUsage(BaseModel):
     layers: int
     pinned: list[str]
     over_cap: bool
-
-
-def _check_id(layer_id: str) -> str:
-    if len(layer_id) != 64 or not set(layer_id) <= _HEX:
-        raise LayerNotFoundError(f"{layer_id!r} is not a layer id")
-    return layer_id
 
 
 def _try_flock(fd: int, op: int) -> bool:
@@ -173,7 +167,7 @@ class NodeCache:
     # paths and bookkeeping
 
     def path(self, layer_id: str) -> Path:
-        return self.root / "layers" / _check_id(layer_id)
+        return self.root / "layers" / check_layer_id(layer_id)
 
     def _stamp(self, layer_id: str) -> Path:
         return self.root / "stamps" / layer_id
@@ -210,14 +204,14 @@ class NodeCache:
         os.replace(tmp, self._stamp(layer_id))
 
     def cached(self) -> list[str]:
-        return sorted(n for n in os.listdir(self.root / "layers") if len(n) == 64)
+        return sorted(n for n in os.listdir(self.root / "layers") if is_layer_id(n))
 
     # acquiring
 
     async def acquire(self, layer_ids: Sequence[str]) -> Lease:
         """Make the layers present (unpacking what is missing, once per node) and pin them until
         `release`. Concurrent callers, in this process or others, wait for a single unpack."""
-        ids = [_check_id(i) for i in layer_ids]
+        ids = [check_layer_id(i) for i in layer_ids]
         unique = list(dict.fromkeys(ids))
         tasks = [asyncio.ensure_future(self._pin(i)) for i in unique]
         try:
@@ -396,7 +390,7 @@ class NodeCache:
         for name in os.listdir(self.root / "stamps"):
             if self._present(name):
                 continue
-            fd = self._open_lock(name) if len(name) == 64 else None
+            fd = self._open_lock(name) if is_layer_id(name) else None
             try:
                 if fd is None or _try_flock(fd, fcntl.LOCK_EX):
                     with contextlib.suppress(FileNotFoundError):

@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 
 from minisandbox.layers.budget import LocalIOBudget
+from minisandbox.layers.errors import LayerIdError, LayerNotFoundError
 from minisandbox.layers.nodecache import NodeCache
 from minisandbox.layers.store import CorruptLayerError, LayerStore
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 MiB = 1 << 20
 
 
@@ -228,6 +229,19 @@ def test_corrupt_layer_leaves_cache_clean(tmp_path: Path) -> None:
     assert sorted(os.listdir(tmp_path / "cache" / "stamps")) == cache.cached()
     with cache.use_sync([good]) as paths:
         assert (paths[0] / "data" / "name.txt").read_text() == "good"
+
+
+def test_layer_ids_are_checked_before_any_path_is_made(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store")
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30)
+    for bad in ("../../etc", "0" * 63, "A" * 64):
+        with pytest.raises(LayerIdError):
+            cache.path(bad)
+        with pytest.raises(LayerNotFoundError), cache.use_sync([bad]):  # as it always was
+            pass
+    assert os.listdir(tmp_path / "cache" / "locks") == []
+    (tmp_path / "cache" / "layers" / "not-a-layer").mkdir()  # ignored, as any stray name
+    assert cache.cached() == []
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root caller's cache is made root's")

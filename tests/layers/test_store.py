@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -16,6 +18,16 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from minisandbox.layers.errors import (
+    LayerIdError,
+    LayerMetaError,
+    ManifestFormatError,
+    RefNameError,
+    UnpackDestinationExistsError,
+    UnsupportedTreeError,
+)
+from minisandbox.layers.ids import check_layer_id, is_layer_id
+from minisandbox.layers.manifest import Manifest, ManifestEntry
 from minisandbox.layers.store import (
     CorruptLayerError,
     LayerNotFoundError,
@@ -23,7 +35,7 @@ from minisandbox.layers.store import (
     LayerStoreError,
 )
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def snapshot(root: Path) -> dict[str, tuple]:
@@ -89,16 +101,16 @@ def rmtree(path: Path) -> None:
 
 
 def blob_of(store: LayerStore, layer_id: str, rel: str) -> Path:
-    doc = store.manifest(layer_id)
-    entry = next(e for e in doc["entries"] if e[0] == "f" and e[1] == rel)
-    return store.blob_path(doc["blobs"][entry[5]])
+    manifest = store.read_manifest(layer_id)
+    entry = next(e for e in manifest.files() if e.path == rel)
+    return store.blob_path(manifest.blobs[entry.blob])
 
 
 def test_round_trip(tmp_path: Path) -> None:
     src = make_tree(tmp_path / "src", big=12)
     store = LayerStore(tmp_path / "store")
     ref = store.publish(src, meta={"recipe": "test"})
-    assert ref.files == len([e for e in store.manifest(ref.id)["entries"] if e[0] == "f"])
+    assert ref.files == len(store.read_manifest(ref.id).files())
     assert ref.size > 12 * (1 << 20)
     assert 1 << 20 < ref.stored_bytes < 3 << 20  # one random MiB, repeated: zstd sees it
     assert store.info(ref.id).meta == {"recipe": "test"}
@@ -110,8 +122,10 @@ def test_round_trip(tmp_path: Path) -> None:
     assert os.stat(dest / "bin" / "tool").st_mtime == 1_600_000_000
     assert not [p for p in dest.parent.iterdir() if p != dest]  # no temp sibling left
 
-    with pytest.raises(FileExistsError):
+    with pytest.raises(FileExistsError) as exists:
         store.unpack(ref.id, dest)
+    assert isinstance(exists.value, UnpackDestinationExistsError)
+    assert exists.value.errno == errno.EEXIST and exists.value.filename == str(dest)
     with pytest.raises(LayerNotFoundError):
         store.unpack("0" * 64, tmp_path / "nope")
     assert store.verify() == []
@@ -412,7 +426,7 @@ def test_overlay_whiteouts_and_opaque_dirs(tmp_path: Path) -> None:
 
     (tmp_path / "fifo-tree").mkdir()
     os.mkfifo(tmp_path / "fifo-tree" / "pipe")
-    with pytest.raises(LayerStoreError, match="pipe"):
+    with pytest.raises(UnsupportedTreeError, match="pipe"):  # a LayerStoreError
         store.publish(tmp_path / "fifo-tree")
 
 
@@ -551,14 +565,254 @@ def test_publish_stores_a_link_to_a_host_dir_as_a_link(tmp_path: Path) -> None:
     (tree / "root").symlink_to(host / "sub")
     store = LayerStore(tmp_path / "store")
     ref = store.publish(tree)
-    entries = store.manifest(ref.id)["entries"]
-    assert ["l", "opt/venv", str(host)] in entries
-    assert ["l", "root", str(host / "sub")] in entries
-    assert not [e for e in entries if e[1].endswith("secret.txt")], entries
+    entries = store.read_manifest(ref.id).entries
+    assert ManifestEntry.symlink("opt/venv", str(host)) in entries
+    assert ManifestEntry.symlink("root", str(host / "sub")) in entries
+    assert not [e for e in entries if e.path.endswith("secret.txt")], entries
     assert ref.files == 0
-    for _sha, path in store._blob_files():
+    for _sha, path in store.blob_files():
         data = zstandard.ZstdDecompressor().decompress(path.read_bytes())
         assert token.encode() not in data
     out = tmp_path / "out"
     store.unpack(ref.id, out)
     assert os.readlink(out / "opt" / "venv") == str(host)
+
+
+# -- the manifest format, ids and names --------------------------------------------------------
+
+
+def golden_tree(root: Path) -> Path:
+    """A tree whose every stored property (names, contents, modes, mtimes) is fixed."""
+    (root / "pkg" / "sub").mkdir(parents=True)
+    (root / "empty-dir").mkdir()
+    (root / "pkg" / "__init__.py").write_text("")
+    for i in range(20):
+        (root / "pkg" / f"m{i:02}.py").write_text(f"X = {i}\n" * (i + 1))
+    (root / "pkg" / "sub" / "big.bin").write_bytes(bytes(range(256)) * 100)
+    (root / "pkg" / "sub" / "note.txt").write_text("note\n")
+    os.symlink("pkg/m01.py", root / "link")
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+            os.utime(os.path.join(dirpath, name), (1_600_000_000, 1_600_000_000))
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), 0o755)
+    os.chmod(root, 0o755)
+    os.chmod(root / "pkg" / "m03.py", 0o755)
+    return root
+
+
+# The id the store has always given golden_tree: a change to how manifests are written (key
+# order, separators, escaping, row shapes, pack cuts) would give every stored layer a new id.
+GOLDEN_ID = "94f47d1a7026b68f3220a55a255fc84d7efb51be31f7c9ab667ea80b5c4a587d"
+
+
+def test_manifest_format_is_stable(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store", fsync=False)
+    ref = store.publish(golden_tree(tmp_path / "tree"))
+    assert ref.id == GOLDEN_ID
+    stored = zstandard.ZstdDecompressor().decompress(store.manifest_path(ref.id).read_bytes())
+    manifest = store.read_manifest(ref.id)
+    assert manifest.to_bytes() == stored  # rows read into entries and written back: the same
+    assert Manifest.from_document(json.loads(stored)) == manifest
+    assert [e.to_row() for e in manifest.entries] == store.manifest(ref.id)["entries"]
+    big = next(e for e in manifest.files() if e.path == "pkg/sub/big.bin")
+    assert (big.size, big.mtime, big.mode, big.offset) == (25600, 1_600_000_000, 0o644, 0)
+    assert ManifestEntry.symlink("link", "pkg/m01.py") in manifest.entries
+    assert ManifestEntry.directory("empty-dir", 0o755) in manifest.entries
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ["d", ".", 0o755],
+        ["d", "a/b", 0o700, "opaque"],
+        ["l", "a/link", "../../anywhere"],
+        ["w", "gone"],
+        ["f", "a/f.py", 0o644, 12, 1_600_000_000, 3, 120],
+        ["f", "empty", 0o600, 0, 0, -1, 0],
+    ],
+)
+def test_manifest_rows_round_trip(row: list) -> None:
+    entry = ManifestEntry.from_row(row)
+    assert entry.to_row() == row
+    assert ManifestEntry.from_row(entry.to_row()) == entry
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        ["d", "../up", 0o755],
+        ["d", "/abs", 0o755],
+        ["f", "a/../../b", 0o644, 1, 0, 0, 0],
+        ["d", "a", "0755"],
+        ["d", "a", 0o755, "transparent"],
+        ["f", "a", 0o644, 1, 0, 0],  # short
+        ["f", "a", 0o644, 5, 0, -1, 0],  # content, but no blob
+        ["f", "a", 0o644, 1, 0, True, 0],  # not an integer
+        ["l", "a"],
+        ["l", "a", "nul\0byte"],
+        ["d", "nul\0byte", 0o755],
+        ["x", "a"],
+        ["w"],
+        "w",
+    ],
+)
+def test_manifest_rows_that_are_refused(row: object) -> None:
+    with pytest.raises(ManifestFormatError):
+        ManifestEntry.from_row(row)
+
+
+def _plant_manifest(store: LayerStore, doc: dict) -> str:
+    """A manifest in the store under its true id, whatever it holds."""
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    layer_id = hashlib.sha256(data).hexdigest()
+    store.manifest_path(layer_id).write_bytes(zstandard.ZstdCompressor().compress(data))
+    return layer_id
+
+
+def test_a_manifest_with_a_bad_row_or_blob_name_is_corrupt(tmp_path: Path) -> None:
+    """A manifest that hashes to its id but is not a valid one (only a writer of the store
+    could plant it) unpacks nothing: no path outside the tree, no blob outside blobs/."""
+    store = LayerStore(tmp_path / "store", fsync=False)
+    escape = _plant_manifest(
+        store, {"format": 1, "blobs": [], "entries": [["d", ".", 0o755], ["d", "../out", 0o755]]}
+    )
+    with pytest.raises(CorruptLayerError, match="bad path") as err:
+        store.unpack(escape, tmp_path / "a" / "dest")
+    assert err.value.path == store.manifest_path(escape)
+    assert not (tmp_path / "a" / "out").exists() and not (tmp_path / "a" / "dest").exists()
+    with pytest.raises(CorruptLayerError):
+        store.info(escape)  # no info file: rebuilt from the rows, which are read
+    blob_name = _plant_manifest(store, {"format": 1, "blobs": ["../../x"], "entries": []})
+    with pytest.raises(CorruptLayerError):
+        store.manifest(blob_name)
+    future = _plant_manifest(store, {"format": 2, "blobs": [], "entries": []})
+    with pytest.raises(ManifestFormatError, match="unknown manifest format 2"):
+        store.manifest(future)
+    report = store.check()
+    assert report.broken_layers == sorted([escape, blob_name, future])
+    assert all(any(i in p for p in report.problems) for i in (escape, blob_name, future))
+
+
+def test_layer_ids_and_ref_names_are_checked_once(tmp_path: Path) -> None:
+    good = "0123456789abcdef" * 4
+    assert is_layer_id(good) and check_layer_id(good) == good
+    for bad in ("", "0" * 63, "0" * 65, "A" * 64, "../" + "0" * 61, None, 7):
+        assert not is_layer_id(bad)
+        with pytest.raises(LayerIdError):
+            check_layer_id(bad)
+    store = LayerStore(tmp_path / "store", fsync=False)
+    assert not store.exists("../../etc/passwd")
+    for call in (store.manifest, store.info, store.meta, store.read_blob):
+        with pytest.raises(LayerIdError) as err:
+            call("../../etc/passwd")
+        assert isinstance(err.value, LayerNotFoundError) and isinstance(err.value, ValueError)
+    with pytest.raises(LayerIdError):
+        store.update_meta("nope", lambda m: m)
+    ref = store.publish(golden_tree(tmp_path / "tree"))
+    for name in ("", ".", "..", "x" * 300):
+        with pytest.raises(RefNameError):
+            store.tag(name, ref.id)
+        assert isinstance(RefNameError("x"), LayerStoreError)
+    store.tag("env/a b/ü", ref.id)
+    assert store.refs() == {"env/a b/ü": ref.id} and store.resolve("env/a b/ü") == ref.id
+
+
+# -- metadata ---------------------------------------------------------------------------------
+
+
+def test_update_meta(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store", fsync=False)
+    ref = store.publish(golden_tree(tmp_path / "tree"))
+    seen: list[dict] = []
+
+    def add(meta: dict) -> dict:
+        seen.append(dict(meta))
+        meta["a"] = 1  # the argument is a copy: changing it in place is fine
+        return meta
+
+    assert store.update_meta(ref.id, add) == {"a": 1} and seen == [{}]  # no meta: an empty dict
+    assert store.update_meta(ref.id, lambda m: {**m, "b": [1, 2]}) == {"a": 1, "b": [1, 2]}
+    assert store.meta(ref.id) == {"a": 1, "b": [1, 2]}
+    assert store.info(ref.id).size == ref.size  # the rest of the info is kept
+    with pytest.raises(LayerMetaError):
+        # Not a dict, on purpose: what the types forbid is refused at run time as well.
+        store.update_meta(ref.id, lambda m: None)  # type: ignore[arg-type,return-value]
+    assert store.meta(ref.id) == {"a": 1, "b": [1, 2]}
+    with pytest.raises(LayerNotFoundError):
+        store.update_meta("0" * 64, lambda m: m)
+    store.info_path(ref.id).unlink()  # lost info: rebuilt from the manifest, then written
+    assert store.update_meta(ref.id, lambda m: {**m, "c": 3}) == {"c": 3}
+    assert store.info(ref.id).files == ref.files
+    # Publishing the same tree again keeps the meta unless it brings its own.
+    store.publish(tmp_path / "tree")
+    assert store.meta(ref.id) == {"c": 3}
+
+
+META_UPDATER = textwrap.dedent(
+    """
+    import sys, threading, time
+    from pathlib import Path
+    sys.path.insert(0, sys.argv[1])
+    from minisandbox.layers.store import LayerStore
+    store, layer, name, rounds = LayerStore(Path(sys.argv[2])), sys.argv[3], sys.argv[4], 25
+    while not Path(sys.argv[5]).exists():
+        time.sleep(0.002)
+
+    def worker(who):
+        for i in range(rounds):
+            def add(meta, key=f"{who}-{i}"):
+                time.sleep(0.001)  # widen the read-modify-write window: races would show
+                return {**meta, key: i}
+            store.update_meta(layer, add)
+
+    threads = [threading.Thread(target=worker, args=(f"{name}.{t}",)) for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    """
+)
+
+
+def test_update_meta_from_many_processes_loses_nothing(tmp_path: Path) -> None:
+    """Processes (each with two threads) add keys of their own to one layer's meta at once:
+    every key is there in the end."""
+    store = LayerStore(tmp_path / "store", fsync=False)
+    layer = store.publish(golden_tree(tmp_path / "tree"), meta={"kind": "env"}).id
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", META_UPDATER, SRC, str(store.root), layer, f"p{n}", str(go)]
+        )
+        for n in range(4)
+    ]
+    go.touch()
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    meta = store.meta(layer)
+    assert meta is not None
+    expected = {f"p{n}.{t}-{i}" for n in range(4) for t in range(2) for i in range(25)}
+    assert set(meta) == expected | {"kind"}
+    assert store.verify() == []
+
+
+def test_gc_removes_the_lock_files_of_removed_layers(tmp_path: Path) -> None:
+    store = LayerStore(tmp_path / "store", fsync=False)
+    one, two = (tmp_path / "one", tmp_path / "two")
+    for d in (one, two):
+        d.mkdir()
+        (d / "f").write_text(d.name)
+    r1, r2 = store.publish(one), store.publish(two)
+    for r in (r1, r2):
+        store.update_meta(r.id, lambda m: {**m, "x": 1})
+    assert store.gc(keep=set()).removed_layers == []  # within the grace: kept, locks too
+    assert sorted(os.listdir(store.root / "locks")) == sorted([r1.id, r2.id])
+    old = time.time() - 7200
+    for path in [*(store.root / "layers").iterdir(), *(store.root / "locks").iterdir()]:
+        os.utime(path, (old, old))
+    report = store.gc(keep={r1.id})
+    assert report.removed_layers == [r2.id]
+    assert os.listdir(store.root / "locks") == [r1.id]
+    assert store.meta(r1.id) == {"x": 1}

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from minisandbox.errors import MiniSandboxError
 from minisandbox.layers.budget import IOBudgetError, LocalIOBudget, parse_size
+from minisandbox.layers.errors import IOBudgetStateError
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
 def test_parse_size() -> None:
@@ -54,6 +56,20 @@ async def test_oversized_request_runs_alone(tmp_path: Path) -> None:
 async def _enter(budget: LocalIOBudget, n: int) -> None:
     async with budget.reserve(n):
         pass
+
+
+async def test_a_vanished_ticket_is_an_error_of_its_own(tmp_path: Path) -> None:
+    """A waiter whose ticket is gone from the shared state (edited by hand) stops waiting."""
+    budget = LocalIOBudget(tmp_path, 10)
+    async with budget.reserve(10):
+        waiter = asyncio.ensure_future(_enter(budget, 5))
+        await asyncio.sleep(0.05)
+        assert budget.waiting() == 1
+        (tmp_path / "io-budget.json").unlink()
+        with pytest.raises(IOBudgetStateError) as err:
+            await asyncio.wait_for(waiter, 5)
+        assert isinstance(err.value, MiniSandboxError)
+    assert budget.in_flight() == 0 and budget.waiting() == 0
 
 
 async def test_cancelled_waiter_leaves_no_ticket(tmp_path: Path) -> None:
