@@ -31,7 +31,7 @@ from minisandbox.tasks.specs import (
 
 yaml = pytest.importorskip("yaml")
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parents[1]  # tests/
 
 # SWE-bench Verified as a directory holding `verified-test.parquet` (the dataset's test split)
 # and `envs/<instance_id>.yml` (swebench 4.1's per-instance conda exports). Without it, the tests
@@ -40,7 +40,7 @@ FULL = Path(os.environ.get("SWEBENCH_DATA_DIR", "swebench-data-not-given"))
 DATA = FULL if (FULL / "verified-test.parquet").is_file() else HERE / "data" / "swebench-sample"
 VERIFIED = DATA / "verified-test.parquet"
 ENVS = DATA / "envs"
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "task-format.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "task-format.md"
 
 needs_data = pytest.mark.skipif(
     DATA != FULL,
@@ -168,12 +168,23 @@ def test_instance_ids_filter(verified: dict[str, Task]) -> None:
         load_tasks(VERIFIED, envs_dir=ENVS, instance_ids=["psf__requests-2317", "nope__nope-1"])
     assert "psf__requests-2317" not in str(info.value)
     assert isinstance(info.value, MiniSandboxError)
+    assert info.value.missing == ["nope__nope-1"]
+    assert info.value.source == str(VERIFIED)
+
+
+def test_not_found_lists_every_missing_id() -> None:
+    """The message shows 20 ids; `missing` holds them all, sorted."""
+    wanted = [f"nope__nope-{n:02d}" for n in range(25)]
+    with pytest.raises(TaskNotFoundError, match="and 5 more") as info:
+        load_tasks("examples", instance_ids=wanted)
+    assert info.value.missing == sorted(wanted)
+    assert info.value.source == "examples"
 
 
 def test_verified_without_envs_dir_names_the_instance() -> None:
-    from minisandbox.tasks.loaders import _swebench_specs_table
+    from minisandbox.tasks.loaders.swebench_specs import swebench_specs_table
 
-    if _swebench_specs_table() is not None:
+    if swebench_specs_table() is not None:
         tasks = load_tasks(VERIFIED, instance_ids=["psf__requests-2317"])
         assert tasks[0].install == ["python -m pip install ."]
         return
@@ -635,6 +646,32 @@ def test_unknown_sources(tmp_path: Path) -> None:
     except ImportError:
         with pytest.raises(MissingDependencyError, match="pip install datasets"):
             load_tasks("princeton-nlp/SWE-bench_Verified")
+
+
+def test_errors_are_specific() -> None:
+    from minisandbox.tasks import loaders
+
+    for name in loaders.__all__:
+        value = getattr(loaders, name)
+        if isinstance(value, type) and issubclass(value, Exception):
+            assert issubclass(value, MiniSandboxError) and value is not MiniSandboxError, name
+    with pytest.raises(loaders.VersionSpecError, match="not a version comparison"):
+        loaders.version_matches("1.0", ">=x")
+    assert issubclass(loaders.VersionSpecError, ValueError)
+
+
+def test_ids_that_are_not_strings_are_never_wanted(tmp_path: Path, demo_envs: Path) -> None:
+    path = _write_jsonl(tmp_path / "d.jsonl", [_swebench_record(instance_id=["x"])])
+    assert load_tasks(path, envs_dir=demo_envs, instance_ids=[]) == []
+    with pytest.raises(TaskFormatError, match="'instance_id': expected a string"):
+        load_tasks(path, envs_dir=demo_envs)
+
+
+def test_swesmith_commands_must_be_commands(tmp_path: Path) -> None:
+    record = {**_swesmith_records()[0], "install": 5}
+    path = _write_jsonl(tmp_path / "smith.jsonl", [record])
+    with pytest.raises(TaskFormatError, match=r"record 0 .*field 'install': expected a command"):
+        load_tasks(path)
 
 
 # ------------------------------------------------------------------------------ helpers

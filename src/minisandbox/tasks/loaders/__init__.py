@@ -1,0 +1,132 @@
+"""Load tasks from SWE-bench / SWE-smith datasets, Hugging Face, our own task files, or the
+bundled examples.
+
+`load_tasks` is the entry point; docs/task-format.md describes every source and rule. One
+module per source or conversion:
+
+- `files`: a file source, dispatched by suffix; `formats`: reading JSON, JSONL, Parquet, YAML;
+- `rows`: SWE-bench / SWE-smith rows (.parquet, .jsonl, .json list, Hugging Face datasets);
+- `swebench_records`, `swesmith_records`: one record of each kind as a task;
+- `conda_exports`: conda environment exports (the `envs/` directory) as an `EnvRecipe`;
+- `swebench_specs`: swebench's MAP_REPO_VERSION_TO_SPECS as recipes and commands;
+- `eval_scripts`: a swebench eval script split into test command, variables and install;
+- `overrides`: recipe overrides (data/recipe_overrides.yaml);
+- `task_files`: our own task files (YAML, or JSON with a `tasks` list);
+- `examples`: the bundled example tasks;
+- `fields`, `selection`, `errors`: naming records in errors, the `instance_ids` kept, errors.
+
+Invariants for every source: the same input gives the same tasks (their layer keys depend on
+them); errors are `TaskFormatError` naming the file, record and field; ids are checked before
+any path is built from them; paths records name stay inside the dataset's folder unless the
+caller allows otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from minisandbox.tasks.loaders.conda_exports import (
+    CONDA_TO_PYPI,
+    conda_env_to_recipe,
+    conda_only_packages,
+)
+from minisandbox.tasks.loaders.errors import (
+    MissingDependencyError,
+    TaskFileNotFoundError,
+    TaskFormatError,
+    TaskNotFoundError,
+    VersionSpecError,
+)
+from minisandbox.tasks.loaders.eval_scripts import EvalScriptParts, parse_eval_script
+from minisandbox.tasks.loaders.examples import example_tasks
+from minisandbox.tasks.loaders.files import FILE_SUFFIXES, load_file
+from minisandbox.tasks.loaders.overrides import (
+    RecipeOverride,
+    apply_recipe_overrides,
+    load_recipe_overrides,
+    recipe_overrides,
+    version_matches,
+)
+from minisandbox.tasks.loaders.rows import load_hf
+from minisandbox.tasks.loaders.selection import check_found, check_unique, wanted_ids
+from minisandbox.tasks.loaders.swesmith_records import SWESMITH_INSTALL, SWESMITH_TEST_CMD
+from minisandbox.tasks.specs import Task
+
+__all__ = [
+    "CONDA_TO_PYPI",
+    "SWESMITH_INSTALL",
+    "SWESMITH_TEST_CMD",
+    "EvalScriptParts",
+    "MissingDependencyError",
+    "RecipeOverride",
+    "TaskFileNotFoundError",
+    "TaskFormatError",
+    "TaskNotFoundError",
+    "VersionSpecError",
+    "apply_recipe_overrides",
+    "conda_env_to_recipe",
+    "conda_only_packages",
+    "load_recipe_overrides",
+    "load_tasks",
+    "parse_eval_script",
+    "recipe_overrides",
+    "version_matches",
+]
+
+
+def load_tasks(
+    source: str | Path,
+    *,
+    envs_dir: Path | None = None,
+    instance_ids: Sequence[str] | None = None,
+    allow_absolute_paths: bool = False,
+) -> list[Task]:
+    """Load tasks from `source`:
+
+    - "examples": the built-in example tasks;
+    - a file: SWE-bench/SWE-smith records (.parquet, .json list, .jsonl) or our task file
+      (.yaml/.yml, or .json with a top-level `tasks:` list);
+    - otherwise, a name with a "/" is a Hugging Face dataset ("owner/name" or "owner/name:split").
+
+    `envs_dir` holds per-instance conda exports (`<instance_id>.yml`) for SWE-bench records.
+    `instance_ids` keeps only those tasks, in the source's order; missing ones raise.
+
+    Paths that records name (a SWE-smith `environment` file, a task file's `env` and
+    `<field>_file`) stay inside the data file's folder or `envs_dir`: an absolute path, `~` or a
+    `..` is refused (a dataset must not make us read host files) unless `allow_absolute_paths`.
+    Instance ids are checked before any path is built from them.
+
+    Raises:
+        TaskFormatError: a malformed record or file, naming the file, record and field; also
+            a directory, or a source that is neither a file, "examples" nor a dataset name.
+        TaskFileNotFoundError: (a TaskFormatError) a file source with a known suffix that
+            does not exist.
+        TaskNotFoundError: an id of `instance_ids` is not in the source; `.missing` lists them.
+        MissingDependencyError: the source needs pyarrow, PyYAML or `datasets`.
+    """
+    wanted = wanted_ids(instance_ids)
+    if isinstance(source, str) and source == "examples":
+        tasks = example_tasks(wanted)
+        check_found(wanted, [t.id for t in tasks], "examples")
+        return tasks
+
+    path = Path(source).expanduser()
+    envs = Path(envs_dir).expanduser() if envs_dir is not None else None
+    if path.is_dir():
+        raise TaskFormatError(f"{path}: is a directory, not a task file", path=str(path))
+    if path.exists():
+        tasks = load_file(path, envs, wanted, allow_absolute_paths)
+    elif path.suffix.lower() in FILE_SUFFIXES:
+        raise TaskFileNotFoundError(f"{path}: no such task file", path=str(path))
+    elif "/" in str(source):
+        tasks = load_hf(str(source), envs, wanted, allow_absolute_paths)
+    else:
+        raise TaskFormatError(
+            f"unknown task source {str(source)!r}: expected 'examples', a file "
+            f"({', '.join(FILE_SUFFIXES)}) or a Hugging Face dataset name like "
+            "'princeton-nlp/SWE-bench_Verified'"
+        )
+    check_found(wanted, [t.id for t in tasks], str(source))
+    check_unique(tasks, str(source))
+    return tasks

@@ -1,0 +1,113 @@
+"""SWE-bench and SWE-smith rows: a .parquet file, a .jsonl file, a .json list, or a Hugging
+Face dataset name ("owner/name", or "owner/name:split").
+
+Each row is one record, and each record one task. A record with an image or an environment
+and no test patch is a SWE-smith record (swesmith_records); one with a base commit, test patch
+or environment commit is a SWE-bench record (swebench_records); anything else is an error.
+
+Invariants: rows not asked for (`wanted`) are skipped before anything else about them is
+checked, and the id of every row kept is checked before any path is built from it. A Hugging
+Face dataset is read through the `datasets` package, an optional dependency, and has no folder
+of its own: paths its records name are looked up in envs_dir only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from minisandbox.tasks.loaders.errors import TaskFormatError
+from minisandbox.tasks.loaders.fields import Record, Where
+from minisandbox.tasks.loaders.formats import optional_import
+from minisandbox.tasks.loaders.swebench_records import swebench_task
+from minisandbox.tasks.loaders.swesmith_records import swesmith_task
+from minisandbox.tasks.specs import Task
+
+
+def records_to_tasks(
+    records: Iterable[Record],
+    source: str,
+    base_dir: Path | None,
+    envs_dir: Path | None,
+    wanted: set[str] | None,
+    allow_abs: bool = False,
+) -> list[Task]:
+    """The tasks of the wanted `records`, in order. `source` names the file or dataset in
+    errors and in each task's `source`; `base_dir` is the data file's folder, if any.
+
+    Raises:
+        TaskFormatError: a row is not a mapping, not a SWE-bench or SWE-smith record, or a
+            malformed one (naming the file, the record, its line and id, and the field).
+        MissingDependencyError: a package needed to read the records is not installed.
+    """
+    tasks = []
+    for index, line, record in records:
+        where = Where(source, index, line)
+        if not isinstance(record, dict):
+            raise where.error(f"expected a mapping, got {type(record).__name__}")
+        iid = record.get("instance_id")
+        where.instance_id = iid if isinstance(iid, str) else None
+        if wanted is not None and where.instance_id not in wanted:
+            continue  # (a non-string id is never wanted)
+        where.check_id(iid, "instance_id")  # before envs_dir/<id>.yml is looked at
+        kind = record_kind(record, where)
+        if kind == "swesmith":
+            tasks.append(swesmith_task(record, where, source, base_dir, envs_dir, allow_abs))
+        else:
+            tasks.append(swebench_task(record, where, source, envs_dir))
+    return tasks
+
+
+def record_kind(record: dict[str, Any], where: Where) -> Literal["swebench", "swesmith"]:
+    """SWE-smith records have an image or environment and no test patch; SWE-bench records
+    have a base commit / test patch.
+
+    Raises:
+        TaskFormatError: the record is neither.
+    """
+    if ("image_name" in record or "environment" in record) and "test_patch" not in record:
+        return "swesmith"
+    if {"base_commit", "test_patch", "environment_setup_commit"} & record.keys():
+        return "swebench"
+    raise where.error(
+        "neither a SWE-bench record (instance_id, repo, base_commit, test_patch, FAIL_TO_PASS, "
+        "...) nor a SWE-smith record (instance_id, repo, patch, FAIL_TO_PASS, image_name or "
+        "environment)"
+    )
+
+
+def load_hf(
+    name: str, envs_dir: Path | None, wanted: set[str] | None, allow_abs: bool
+) -> list[Task]:
+    """The tasks of Hugging Face dataset `name` ("owner/name" or "owner/name:split"; the
+    split defaults to "test", or to the only one). Each task's source is "hf:<name>:<split>".
+
+    Raises:
+        MissingDependencyError: the `datasets` package is not installed.
+        TaskFormatError: no split is given and the dataset has several, none named "test";
+            or a record is malformed.
+    """
+    datasets = optional_import(
+        "datasets",
+        f"{name!r} is not a file, so it is taken for a Hugging Face dataset name; loading one "
+        "needs the `datasets` package (pip install datasets). Or download the dataset and "
+        "pass its local .parquet/.json/.jsonl file.",
+    )
+    dataset_name, _, split = name.partition(":")
+    loaded = datasets.load_dataset(dataset_name, split=split or None)
+    if not split:
+        splits = list(loaded.keys())
+        if "test" in splits:
+            split = "test"
+        elif len(splits) == 1:
+            split = splits[0]
+        else:
+            raise TaskFormatError(
+                f"{dataset_name}: has splits {', '.join(splits)}; choose one as "
+                f"'{dataset_name}:<split>'"
+            )
+        loaded = loaded[split]
+    source = f"hf:{dataset_name}:{split}"
+    records = ((i, None, dict(r)) for i, r in enumerate(loaded))
+    return records_to_tasks(records, source, None, envs_dir, wanted, allow_abs)

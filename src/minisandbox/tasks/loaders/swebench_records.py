@@ -1,0 +1,170 @@
+"""SWE-bench records (one row of a SWE-bench dataset) turned into tasks.
+
+A record gives `instance_id`, `repo`, `base_commit`, `patch` (the gold patch), `test_patch`,
+`FAIL_TO_PASS`, `PASS_TO_PASS`, `version`, and optionally `eval_script`, `log_parser`, `image`
+(SWE-bench 5.x files carry these three). The environment recipe is the instance's conda export
+(`envs_dir/<instance_id>.yml`) when there is one, else a minimal recipe from swebench 4.x's
+spec; install and test commands come from the eval script, else from the spec. Last, the
+matching recipe overrides apply. Invariant: the same record, envs_dir and swebench table give
+the same task (its keys depend on it); docs/task-format.md describes each rule.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.tasks.loaders.conda_exports import conda_env_to_recipe
+from minisandbox.tasks.loaders.eval_scripts import EvalScriptParts, exports, parse_eval_script
+from minisandbox.tasks.loaders.fields import (
+    Where,
+    as_list,
+    required,
+    string_list,
+    text,
+    validate_task,
+    version_text,
+)
+from minisandbox.tasks.loaders.overrides import apply_recipe_overrides, recipe_overrides
+from minisandbox.tasks.loaders.swebench_specs import (
+    recipe_from_spec,
+    sandboxable,
+    spec_test_cmd,
+    swebench_spec,
+)
+from minisandbox.tasks.specs import Task
+
+# swebench's log parsers by repository, for records without a `log_parser` column.
+# Short names: the swebench function is `parse_log_<name>`.
+_LOG_PARSER_BY_REPO = {
+    "astropy/astropy": "astropy",
+    "django/django": "django",
+    "matplotlib/matplotlib": "matplotlib",
+    "mwaskom/seaborn": "seaborn",
+    "pallets/flask": "flask",
+    "psf/requests": "requests",
+    "pydata/xarray": "xarray",
+    "pylint-dev/pylint": "pylint",
+    "pytest-dev/pytest": "pytest",
+    "scikit-learn/scikit-learn": "scikit",
+    "sphinx-doc/sphinx": "sphinx",
+    "sympy/sympy": "sympy",
+}
+_SWEBENCH_4 = "swebench 4.x (pip install 'swebench>=4.1,<5')"
+
+
+def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: Path | None) -> Task:
+    """The task of one SWE-bench record. Checks run in field order, so the first problem of a
+    record is the one reported.
+
+    Raises:
+        TaskFormatError: a field is missing or malformed, there is no environment recipe (no
+            conda export and no swebench spec), or no way to tell how to run the tests.
+        MissingDependencyError: PyYAML is not installed (conda exports, recipe overrides).
+    """
+    iid = text(record, "instance_id", where) or required(record, "instance_id", where)
+    repo = text(record, "repo", where) or required(record, "repo", where)
+    required(record, "base_commit", where)
+    test_patch = text(record, "test_patch", where) or required(record, "test_patch", where)
+    fail_to_pass = string_list(record, "FAIL_TO_PASS", where)
+    if "FAIL_TO_PASS" not in record:
+        raise where.error("missing", "FAIL_TO_PASS")
+    version = version_text(record.get("version"))
+    eval_script = text(record, "eval_script", where) or None
+    spec = swebench_spec(repo, version)
+    recipe = _base_recipe(iid, spec, envs_dir, where)
+    parts = parse_eval_script(eval_script) if eval_script else None
+    pre_install, install, recipe = _commands(spec, parts, recipe)
+    test_cmd = _test_cmd(spec, parts, repo, test_patch, where)
+    recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
+    data = {
+        "id": iid,
+        "repo": repo,
+        "base_commit": record.get("base_commit"),
+        "env": recipe,
+        "pre_install": pre_install,
+        "install": install,
+        "test_cmd": test_cmd,
+        "log_parser": _log_parser(record, repo, where),
+        "eval_type": text(record, "eval_type", where) or "pass_and_fail",
+        "gold_patch": text(record, "patch", where),
+        "test_patch": test_patch,
+        "fail_to_pass": fail_to_pass,
+        "pass_to_pass": string_list(record, "PASS_TO_PASS", where),
+        "eval_script": eval_script,
+        "problem_statement": text(record, "problem_statement", where),
+        "hints_text": text(record, "hints_text", where),
+        "version": version,
+        "image": text(record, "image", where) or None,
+        "environment_setup_commit": text(record, "environment_setup_commit", where) or None,
+        "source": source,
+        "services": services,
+    }
+    return validate_task(data, where)
+
+
+def _base_recipe(
+    iid: str, spec: dict[str, Any] | None, envs_dir: Path | None, where: Where
+) -> EnvRecipe:
+    """The instance's conda export when envs_dir has it, else the spec's minimal recipe."""
+    env_file = envs_dir / f"{iid}.yml" if envs_dir is not None else None
+    if env_file is not None and env_file.is_file():
+        return conda_env_to_recipe(env_file)
+    if spec is not None:
+        return recipe_from_spec(spec, where)
+    looked = f" (no {env_file})" if env_file is not None else ""
+    raise where.error(
+        f"no environment recipe for {iid}{looked}: pass envs_dir= a directory with the "
+        f"instance's conda export {iid}.yml, or install {_SWEBENCH_4} for its "
+        "MAP_REPO_VERSION_TO_SPECS table",
+        "env",
+    )
+
+
+def _commands(
+    spec: dict[str, Any] | None, parts: EvalScriptParts | None, recipe: EnvRecipe
+) -> tuple[list[str], list[str], EnvRecipe]:
+    """pre_install, install, and the recipe with the variables the spec or eval script sets
+    (and the commands left out noted in `skipped`)."""
+    pre_install: list[str] = []
+    install: list[str] = []
+    skipped = list(recipe.skipped)
+    env_vars = dict(recipe.env)
+    if spec is not None:
+        pre_install = sandboxable(as_list(spec.get("pre_install")), skipped, "pre_install")
+        install = as_list(spec.get("install"))
+        if parts is None:  # the eval script's exports are the same commands, already parsed
+            setup = sandboxable(as_list(spec.get("eval_commands")), skipped, "eval_commands")
+            env_vars.update(exports(setup))
+    if parts is not None:
+        env_vars.update(parts.env)
+        skipped.extend(f"eval_script setup: {cmd}" for cmd in parts.setup)
+        if spec is None:  # the eval script reinstalls the repository: the same install commands
+            install = parts.install
+    return pre_install, install, recipe.model_copy(update={"env": env_vars, "skipped": skipped})
+
+
+def _test_cmd(
+    spec: dict[str, Any] | None,
+    parts: EvalScriptParts | None,
+    repo: str,
+    test_patch: str,
+    where: Where,
+) -> str:
+    if parts is not None and parts.test_cmd:
+        return parts.test_cmd
+    if spec is not None and spec.get("test_cmd"):
+        return spec_test_cmd(spec, repo, test_patch)
+    raise where.error(
+        "cannot tell how to run the tests: the record has no eval_script with a test "
+        f"command, and {_SWEBENCH_4} is not installed",
+        "test_cmd",
+    )
+
+
+def _log_parser(record: dict[str, Any], repo: str, where: Where) -> str:
+    name = text(record, "log_parser", where)
+    if name:
+        return name.removeprefix("parse_log_")
+    return _LOG_PARSER_BY_REPO.get(repo, "pytest")

@@ -1,0 +1,170 @@
+"""SWE-smith-style records turned into tasks.
+
+A SWE-smith record has an image (`image_name`) or an `environment`, and no `test_patch`:
+`instance_id`, `repo` ("swesmith/owner__name.commit", "owner__name.commit", or "owner/name"
+with a `base_commit` field), `patch` (the **bug** patch), `FAIL_TO_PASS`, `PASS_TO_PASS`.
+One environment serves a repository at one commit: the task's repo and base commit are the
+original repository and that commit, and `patch` becomes `bug_patch`, applied on top.
+
+Invariants: the environment file a record names stays inside the data file's folder or
+envs_dir unless the caller allows absolute paths, and the repo name must be usable as a file
+name before `envs_dir/<owner__name.commit>.yml` is looked at.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.tasks.loaders.conda_exports import conda_env_to_recipe
+from minisandbox.tasks.loaders.fields import (
+    Where,
+    as_list,
+    record_path,
+    required,
+    string_list,
+    text,
+    validate_task,
+)
+from minisandbox.tasks.specs import Task, path_name_problem
+
+# SWE-smith's default Python test command; records may carry their own `test_cmd`.
+SWESMITH_TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
+SWESMITH_INSTALL = "python -m pip install -e ."
+
+_SWESMITH_REPO = re.compile(r"(?P<owner>[A-Za-z0-9-]+)__(?P<name>.+)\.(?P<commit>[0-9a-f]{7,40})")
+
+
+def swesmith_task(
+    record: dict[str, Any],
+    where: Where,
+    source: str,
+    base_dir: Path | None,
+    envs_dir: Path | None,
+    allow_abs: bool = False,
+) -> Task:
+    """The task of one SWE-smith record. `base_dir` is the data file's folder (None for a
+    Hugging Face dataset).
+
+    Raises:
+        TaskFormatError: a field is missing or malformed, a path reaches outside the dataset
+            (without `allow_abs`), or no environment recipe is found.
+        MissingDependencyError: PyYAML is not installed (a conda export is read).
+    """
+    iid = text(record, "instance_id", where) or required(record, "instance_id", where)
+    raw_repo = text(record, "repo", where) or required(record, "repo", where)
+    bug_patch = text(record, "patch", where) or required(record, "patch", where)
+    if "FAIL_TO_PASS" not in record:
+        raise where.error("missing", "FAIL_TO_PASS")
+    repo, commit, env_name = split_swesmith_repo(raw_repo)
+    base_commit = text(record, "base_commit", where) or commit
+    if not base_commit:
+        raise where.error(
+            "missing: give base_commit, or a SWE-smith repo name 'owner__name.<commit>'",
+            "base_commit",
+        )
+    if env_name is not None and path_name_problem(env_name) is not None:
+        raise where.error(f"{raw_repo!r} {path_name_problem(env_name)}", "repo")
+    recipe = _swesmith_recipe(record, where, env_name, iid, base_dir, envs_dir, allow_abs)
+    data = {
+        "id": iid,
+        "repo": repo,
+        "base_commit": base_commit,
+        "env": recipe,
+        "pre_install": _commands(record, "pre_install", where, None),
+        "install": _commands(record, "install", where, [SWESMITH_INSTALL]),
+        "test_cmd": text(record, "test_cmd", where) or SWESMITH_TEST_CMD,
+        "test_files": string_list(record, "test_files", where),
+        "log_parser": text(record, "log_parser", where).removeprefix("parse_log_") or "pytest",
+        "bug_patch": bug_patch,
+        "fail_to_pass": string_list(record, "FAIL_TO_PASS", where),
+        "pass_to_pass": string_list(record, "PASS_TO_PASS", where),
+        "problem_statement": text(record, "problem_statement", where),
+        "image": text(record, "image_name", where) or None,
+        "source": source,
+    }
+    return validate_task(data, where)
+
+
+def _commands(record: dict[str, Any], field: str, where: Where, default: Any) -> list[str]:
+    """`record[field]` (else `default`): a command or a list of commands, as a list.
+
+    Raises:
+        TaskFormatError: the field is neither (a number, say).
+    """
+    try:
+        return as_list(record.get(field, default))
+    except TypeError:
+        raise where.error("expected a command or a list of commands", field) from None
+
+
+def split_swesmith_repo(repo: str) -> tuple[str, str | None, str | None]:
+    """Split a SWE-smith repo name: "swesmith/owner__name.abc1234" or "owner__name.abc1234"
+    gives ("owner/name", "abc1234", "owner__name.abc1234"); "owner/name" passes through."""
+    tail = repo.rsplit("/", 1)[-1]
+    m = _SWESMITH_REPO.fullmatch(tail)
+    if m:
+        return f"{m['owner']}/{m['name']}", m["commit"], tail
+    return repo, None, None
+
+
+def _swesmith_recipe(
+    record: dict[str, Any],
+    where: Where,
+    env_name: str | None,
+    iid: str,
+    base_dir: Path | None,
+    envs_dir: Path | None,
+    allow_abs: bool = False,
+) -> EnvRecipe:
+    """`environment` is a recipe mapping, or names a conda export (a path relative to the data
+    file, or `<name>.yml` in envs_dir); without it, envs_dir/<owner__name.commit>.yml. An
+    absolute path or one with `..` is refused unless `allow_abs`."""
+    environment = record.get("environment")
+    if isinstance(environment, dict):
+        try:
+            return EnvRecipe.model_validate(environment)
+        except ValidationError as exc:
+            raise where.from_validation(exc, prefix="environment.") from None
+    candidates = _export_candidates(
+        environment, where, [env_name, iid], base_dir, envs_dir, allow_abs
+    )
+    for candidate in candidates:
+        if candidate.is_file():
+            return conda_env_to_recipe(candidate)
+    looked = ", ".join(str(c) for c in candidates) or "nothing (no envs_dir)"
+    raise where.error(
+        "no environment recipe: give `environment` (a mapping with python/requirements, or a "
+        f"conda export file) or put <owner__name.commit>.yml in envs_dir; looked at {looked}",
+        "environment",
+    )
+
+
+def _export_candidates(
+    environment: Any,
+    where: Where,
+    names: list[str | None],
+    base_dir: Path | None,
+    envs_dir: Path | None,
+    allow_abs: bool,
+) -> list[Path]:
+    """Where the conda export may be, in the order to look: the named file relative to the data
+    file's folder then envs_dir (as given, then with ".yml"); without a name, `<name>.yml` in
+    envs_dir for each of `names` that is not None."""
+    candidates: list[Path] = []
+    if isinstance(environment, str) and environment:
+        given = record_path(environment, where, "environment", allow_abs)
+        for folder in (base_dir, envs_dir):
+            if folder is not None and not given.is_absolute():
+                candidates += [folder / given, folder / f"{environment}.yml"]
+        if given.is_absolute():  # allowed explicitly
+            candidates.append(given)
+    elif environment is not None:
+        raise where.error("expected a mapping or a file name", "environment")
+    elif envs_dir is not None:
+        candidates += [envs_dir / f"{name}.yml" for name in names if name]
+    return candidates
