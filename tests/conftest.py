@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -76,3 +78,14 @@ def built(settings: BuildSettings) -> list:
     results = asyncio.run(go())
     assert [r.status for r in results] == ["built"] * 3, [r.error for r in results]
     return results
+
+
+CLI = [sys.executable, "-m", "minisandbox.cli"]
+
+
+def run_cli(
+    *args: str, stdin: bytes | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*CLI, *args], input=stdin, capture_output=True, timeout=timeout, check=False
+    )

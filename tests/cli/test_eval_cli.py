@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from minisandbox.evaluation.evaluator import START_MARKER
-from minisandbox.evaluation.validation import TaskNotValidatedError, validate
+from minisandbox.errors import TaskNotValidatedError
+from minisandbox.evaluation.validation import agent_sandbox, read_validation, validate
 from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.eval_script import START_MARKER
 from minisandbox.tasks.loaders import load_tasks
 
 CLI = [sys.executable, "-m", "minisandbox.cli"]
@@ -196,14 +197,14 @@ def test_build_validate_and_require_validated(settings, built, tmp_path: Path, m
     summary = _last_json(r)
     assert summary["valid"] == [task.id] and summary["invalid"] == {}
     builder = Builder(settings)
-    verdict = builder.validation(task)
+    verdict = read_validation(builder, task)
     assert verdict is not None and verdict.valid
     assert verdict.gold.resolved and not verdict.empty.swebench_resolved
 
     # A task sharing the layer but not its test spec has no verdict of its own...
     changed = task.model_copy(update={"pass_to_pass": task.pass_to_pass[:1]})
     assert builder.layers_of(changed) == builder.layers_of(task)
-    assert builder.validation(changed) is None
+    assert read_validation(builder, changed) is None
     # ... and one with no gold patch fails validation, with the reason recorded.
     no_gold = task.model_copy(update={"gold_patch": "", "pass_to_pass": []})
 
@@ -214,15 +215,20 @@ def test_build_validate_and_require_validated(settings, built, tmp_path: Path, m
     async def go() -> None:
         bad = await validate(strict, no_gold)
         assert not bad.valid and "gold patch does not resolve" in bad.reason
-        async with strict.sandbox(task) as sb:  # validated: allowed
+        async with agent_sandbox(strict, task) as sb:  # validated: allowed
             assert (await sb.execute("true")).exit_code == 0
         for refused, why in ((changed, "has no validation"), (no_gold, "failed validation")):
             with pytest.raises(TaskNotValidatedError, match=why) as e:
-                async with strict.sandbox(refused):
+                async with agent_sandbox(strict, refused):
                     pass
             assert "minisandbox build" in str(e.value) and "--validate" in str(e.value)
-        async with strict.sandbox(changed, require_validated=False):  # explicitly waived
+        async with agent_sandbox(strict, changed, require_validated=False):  # waived
             pass
+        async with strict.sandbox(changed):  # evaluation's own sandboxes: no policy
+            pass
+        with pytest.raises(TypeError, match="agent_sandbox"):  # the old per-call switch
+            async with strict.sandbox(changed, require_validated=False):
+                pass
 
     asyncio.run(go())
 
@@ -244,7 +250,7 @@ def uid_runner() -> Iterator[Any]:
     def get() -> Any:
         if not runner and not failure:
             try:
-                runner.append(UidRunner(Path(__file__).resolve().parent.parent, UID))
+                runner.append(UidRunner(Path(__file__).resolve().parents[2], UID))
             except RunnerUnavailable as e:
                 failure.append(str(e))
         if failure:

@@ -11,15 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-CLI = [sys.executable, "-m", "minisandbox.cli"]
-
-
-def run_cli(
-    *args: str, stdin: bytes | None = None, timeout: float = 60
-) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [*CLI, *args], input=stdin, capture_output=True, timeout=timeout, check=False
-    )
+from conftest import CLI, run_cli
 
 
 def test_exec_streams_output_and_passes_exit_code() -> None:

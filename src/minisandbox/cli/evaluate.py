@@ -1,0 +1,279 @@
+"""`eval`: evaluate predicted patches as SWE-bench's harness does, and write its reports."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from minisandbox.cli.aiorun import run_async
+from minisandbox.cli.app import (
+    AbsPathsOpt,
+    CacheOpt,
+    EnvsOpt,
+    IdsOpt,
+    MirrorOpt,
+    QuietOpt,
+    StoreOpt,
+    TasksArg,
+    fail,
+    load_dataset,
+    make_builder,
+)
+from minisandbox.cli.build import build_all
+from minisandbox.cli.oserrors import explain_os_error, place
+from minisandbox.cli.progress import Progress
+
+if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
+    from minisandbox.evaluation.evaluator import EvalResult
+    from minisandbox.evaluation.predictions import Prediction
+    from minisandbox.tasks.builder import Builder
+    from minisandbox.tasks.specs import Task
+
+
+def eval_(
+    tasks: str = TasksArg,
+    predictions: str = typer.Option(
+        ...,
+        "--predictions",
+        "-p",
+        help="SWE-bench predictions (instance_id, model_name_or_path, model_patch) as a .json "
+        "list or object keyed by instance id, or .jsonl; or `gold` (each task's gold patch) or "
+        "`empty` (no patch).",
+    ),
+    ids: list[str] = IdsOpt,
+    jobs: int = typer.Option(2, "--jobs", "-j", help="Instances built and evaluated at once."),
+    report: Path = typer.Option(
+        None,
+        "--report",
+        help="Directory of the reports, laid out as SWE-bench's (default: "
+        "logs/run_evaluation/<run id>).",
+    ),
+    run_id: str = typer.Option("minisandbox", "--run-id", help="Names the run's summary file."),
+    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds the tests may take."),
+    store: Path = StoreOpt,
+    cache: Path = CacheOpt,
+    mirror: Path = MirrorOpt,
+    envs_dir: Path = EnvsOpt,
+    json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
+    quiet: bool = QuietOpt,
+    allow_abs: bool = AbsPathsOpt,
+) -> None:
+    """Evaluate predicted patches as SWE-bench's harness does, each in a fresh task sandbox.
+
+    Only tasks with a prediction are evaluated (their layers are built first when missing).
+    Writes SWE-bench's per-instance report.json, test_output.txt and patch.diff under
+    --report/<model>/<instance_id>/ as each instance finishes, and its run summary at
+    --report/<model>.<run id>.json at the end. Exits 0 whatever the verdicts; 2 on bad input
+    or when a write fails (disk full, quota, read-only, permission): then the run stops, the
+    reports of the instances finished so far stay, and no summary is written."""
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.tasks.specs import path_name_problem
+
+    problem = path_name_problem(run_id)
+    if problem is not None:
+        fail(f"--run-id {run_id!r} {problem}: it names the run's directory and summary file")
+    report_dir = report or Path("logs") / "run_evaluation" / run_id
+    place("report", report_dir, "--report")
+    written: list[str] = []
+    try:
+        preds, loaded = _predictions_and_tasks(predictions, tasks, ids, envs_dir, allow_abs)
+        builder = make_builder(store, cache, mirror)
+        _check_writable(report_dir)  # before hours of evaluation, not after
+        results = run_async(
+            _eval_all(builder, loaded, preds, report_dir, jobs, timeout, quiet, written)
+        )
+        _eval_summary(loaded, preds, results, report_dir, run_id, json_out)
+    except MiniSandboxError as e:
+        fail(str(e))
+    except OSError as e:
+        kept = f" (the run stopped; {len(written)} finished reports are kept)" if written else ""
+        fail(f"{explain_os_error(e)}{kept}")
+
+
+def _predictions_and_tasks(
+    predictions: str, tasks: str, ids: list[str] | None, envs_dir: Path | None, allow_abs: bool
+) -> tuple[dict[str, Prediction], list[Task]]:
+    """The predictions to evaluate (`ids`' only, when given) and the dataset's tasks they are
+    for. Raises PredictionsError, naming the file and entry, for a prediction of an unknown
+    instance, and when nothing is left to evaluate."""
+    from minisandbox.evaluation.predictions import (
+        SPECIAL,
+        PredictionsError,
+        load_predictions,
+        special_predictions,
+    )
+    from minisandbox.tasks.loaders import TaskNotFoundError
+
+    if predictions in SPECIAL:
+        loaded = load_dataset(tasks, envs_dir, ids, allow_abs)
+        preds = special_predictions(predictions, loaded)
+    else:
+        preds = load_predictions(Path(predictions))
+        if ids:
+            preds = {i: p for i, p in preds.items() if i in set(ids)}
+        if not preds:
+            raise PredictionsError(f"{predictions}: no predictions to evaluate")
+        try:
+            loaded = load_dataset(tasks, envs_dir, ids or list(preds), allow_abs)
+        except TaskNotFoundError as e:
+            if ids:
+                raise  # an --instance-ids problem
+            # Name the first unknown one where the file has it (the loader lists them all).
+            missing = set(e.missing)
+            unknown = [p for i, p in preds.items() if i in missing]
+            where = unknown[0].where if unknown else predictions
+            raise PredictionsError(f"{where}: a prediction for an unknown instance ({e})") from None
+    if not preds:
+        raise PredictionsError(f"no tasks to evaluate in {tasks}")
+    return preds, loaded
+
+
+def _check_writable(directory: Path) -> None:
+    """Create `directory` and write a file in it, or raise the OSError that says why not."""
+    from minisandbox.evaluation.predictions import write_file
+
+    directory.mkdir(parents=True, exist_ok=True)
+    probe = directory / f".minisandbox-probe-{os.getpid()}"
+    write_file(probe, "probe\n")
+    probe.unlink()
+
+
+async def _eval_all(
+    builder: Builder,
+    tasks: list[Task],
+    preds: dict[str, Prediction],
+    report_dir: Path,
+    jobs: int,
+    timeout: float,
+    quiet: bool,
+    written: list[str],
+) -> dict[str, EvalResult]:
+    """Build, then evaluate, writing each instance's report as soon as it is known (into
+    `written`, the ids whose report is complete). The first failed write stops the run: the
+    running evaluations are cancelled (their sandboxes stopped), and the OSError is raised.
+    Each instance's phases and verdict go to stderr unless `quiet`."""
+    todo = [t for t in tasks if t.id in preds]
+    with Progress("evaluating", len(todo), quiet) as progress:
+        return await _build_and_eval(
+            builder, todo, preds, report_dir, jobs, timeout, written, progress
+        )
+
+
+async def _build_and_eval(
+    builder: Builder,
+    todo: list[Task],
+    preds: dict[str, Prediction],
+    report_dir: Path,
+    jobs: int,
+    timeout: float,
+    written: list[str],
+    progress: Progress,
+) -> dict[str, EvalResult]:
+    from minisandbox.evaluation.evaluator import EvalResult, Evaluator, evaluate_many
+    from minisandbox.evaluation.predictions import write_instance_report
+
+    builds = await build_all(builder, todo, jobs, False, progress, final=False)
+    results: dict[str, EvalResult] = {}
+    ready = []
+    for t, b in zip(todo, builds, strict=True):
+        if b.status == "failed":
+            # Whole: a failed step's error ends with the last lines of its log.
+            reason = f"building the task failed: {(b.error or '')[:4000]}"
+            results[t.id] = EvalResult(
+                instance_id=t.id, status="error", resolved=False, reward=0.0, reason=reason
+            )
+        else:
+            ready.append(t)
+    by_id = {t.id: t for t in todo}
+
+    def write(r: EvalResult) -> None:
+        write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+        written.append(r.instance_id)
+
+    for r in results.values():
+        write(r)
+
+    def done(r: EvalResult) -> None:
+        write(r)
+        progress.done(r.instance_id, f"{r.status}: {r.reason}" if r.reason else r.status)
+
+    evaluated = await evaluate_many(
+        Evaluator(builder, timeout=timeout, on_phase=progress.phase),
+        [(t, preds[t.id].model_patch) for t in ready],
+        jobs=jobs,
+        on_done=done,
+    )
+    results.update({r.instance_id: r for r in evaluated})
+    return {t.id: results[t.id] for t in todo}  # in the dataset's order
+
+
+def _eval_summary(
+    tasks: list[Task],
+    preds: dict[str, Prediction],
+    results: dict[str, EvalResult],
+    report_dir: Path,
+    run_id: str,
+    json_out: bool,
+) -> None:
+    """Write the run summary, then show it: one JSON line with `json_out`, else a table."""
+    from minisandbox.evaluation.predictions import model_dir, run_report, write_file
+
+    model = next(iter(preds.values())).model_name_or_path
+    summary_path = report_dir / f"{model_dir(model)}.{run_id}.json"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    write_file(summary_path, json.dumps(run_report(tasks, preds, results), indent=4) + "\n")
+    by_status = {
+        s: [i for i, r in results.items() if r.status == s]
+        for s in ("resolved", "unresolved", "error")
+    }
+    if json_out:
+        typer.echo(
+            json.dumps(
+                {
+                    "total": len(results),
+                    "resolved": len(by_status["resolved"]),
+                    "resolved_ids": by_status["resolved"],
+                    "unresolved_ids": by_status["unresolved"],
+                    "error_ids": by_status["error"],
+                    "empty_patch_ids": [i for i, r in results.items() if r.empty_patch],
+                    "rewards": {i: r.reward for i, r in results.items()},
+                    "reasons": {i: r.reason for i, r in results.items() if r.reason},
+                    "model": model,
+                    "report": str(summary_path),
+                }
+            )
+        )
+    else:
+        _eval_table(model, results, by_status, report_dir, summary_path)
+
+
+def _eval_table(
+    model: str,
+    results: dict[str, EvalResult],
+    by_status: dict[str, list[str]],
+    report_dir: Path,
+    summary_path: Path,
+) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title=f"evaluation of {model}")
+    for col in ("instance", "status", "reward", "seconds", "reason"):
+        table.add_column(col)
+    for i, r in results.items():
+        colour = {"resolved": "green", "unresolved": "yellow", "error": "red"}[r.status]
+        reason = r.reason.splitlines()[0][:160] if r.reason else ""
+        table.add_row(
+            i, f"[{colour}]{r.status}[/{colour}]", f"{r.reward:g}", f"{r.duration_s:.1f}", reason
+        )
+    console.print(table)
+    console.print(
+        f"resolved {len(by_status['resolved'])}/{len(results)}, unresolved "
+        f"{len(by_status['unresolved'])}, error {len(by_status['error'])}; "
+        f"reports in {report_dir}, summary {summary_path}"
+    )
