@@ -24,9 +24,10 @@ from typing import Any
 
 from _common import host_info, log, percentile, run_main
 
-from minisandbox.evaluation.evaluator import EVAL_ENV, Evaluator, make_eval_script
+from minisandbox.evaluation.evaluator import EVAL_ENV, Evaluator
 from minisandbox.integrations.tasks import TaskSandbox
 from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.eval_script import make_eval_script
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
 

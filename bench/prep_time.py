@@ -33,9 +33,10 @@ from typing import Any
 from _common import host_info, log, percentile, run_main
 
 from minisandbox import Sandbox, SandboxConfig
+from minisandbox.envs.layout import VENV
 from minisandbox.layers.store import LayerStore
 from minisandbox.sandbox.runtime import remove_tree
-from minisandbox.tasks.builder import VENV, Builder, BuildSettings
+from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.examples import materialize_mirror
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task

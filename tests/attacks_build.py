@@ -35,7 +35,6 @@ def _builder(ctx: AttackContext) -> Builder:
             store=base / "store",
             cache=base / "layers",
             git_mirror=materialize_mirror(base / "mirror"),
-            require_validated=False,
         )
     )
 

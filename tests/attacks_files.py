@@ -250,7 +250,6 @@ async def attack_eval_status_file_to_dev_zero(ctx: AttackContext) -> None:
             store=base / "store",
             cache=base / "layers",
             git_mirror=materialize_mirror(base / "mirror"),
-            require_validated=False,
         )
     )
     task = next(t for t in load_tasks("examples") if t.id == "examples__semverkit-1")

@@ -119,7 +119,7 @@ class PackCache:
             return None
         if not all(self.has(p) for p in doc["packs"]):
             return None
-        return doc  # type: ignore[no-any-return]
+        return doc
 
     def chains(self) -> dict[str, dict]:
         """The tasks' chains by base commit (not the cuts': those hold no tags)."""
@@ -343,9 +343,9 @@ def submodules(dest: Path) -> list[Submodule]:
         fields.setdefault(name, {})[field] = value
     out = []
     for name, f in fields.items():
-        path, url = f.get("path"), f.get("url")
-        if path in links and url:
-            out.append(Submodule(name, path, url, links[path]))
+        sub_path, url = f.get("path"), f.get("url")
+        if sub_path is not None and sub_path in links and url:
+            out.append(Submodule(name, sub_path, url, links[sub_path]))
     return out
 
 

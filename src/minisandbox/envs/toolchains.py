@@ -16,9 +16,7 @@ import glob
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Literal, get_args
 from pydantic import BaseModel, ConfigDict
 
 from minisandbox.errors import MiniSandboxError
+from minisandbox.utils.uv import find_uv
 
 __all__ = [
     "Interpreter",
@@ -126,19 +125,11 @@ def _home() -> Path:
     return Path(os.environ.get("HOME") or Path.home())
 
 
-def _uv_binary() -> str | None:
-    found = shutil.which("uv")
-    if found:
-        return found
-    beside = Path(sys.executable).parent / "uv"  # a venv with uv installed into it
-    return str(beside) if beside.is_file() and os.access(beside, os.X_OK) else None
-
-
 def _uv_install_dirs() -> list[Path]:
     """Where uv keeps its managed Pythons. `uv python dir` honours uv's own configuration; the
     environment variable and the default location cover a host without a uv binary."""
     dirs = []
-    uv = _uv_binary()
+    uv = find_uv()
     if uv:
         try:
             proc = subprocess.run(
@@ -224,7 +215,7 @@ def _check_kinds(kinds: Iterable[str] | None) -> list[InterpreterKind]:
     unknown = [k for k in wanted if k not in KIND_PREFERENCE]
     if unknown:
         raise ValueError(f"unknown interpreter kind(s) {unknown}; use {list(KIND_PREFERENCE)}")
-    return [k for k in KIND_PREFERENCE if k in wanted]  # type: ignore[misc]
+    return [k for k in KIND_PREFERENCE if k in wanted]
 
 
 def discover_interpreters(kinds: Iterable[str] | None = None) -> list[Interpreter]:

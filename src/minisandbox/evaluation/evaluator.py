@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
-import shlex
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -32,10 +31,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from minisandbox.errors import CommandTimeoutError, MiniSandboxError, SandboxFileError
+from minisandbox.envs.layout import WHEELHOUSE
+from minisandbox.errors import CommandTimeoutError, GradingError, MiniSandboxError, SandboxFileError
+from minisandbox.evaluation.runner import CommandRunner
 from minisandbox.evaluation.services import start_services
-from minisandbox.sandbox.sandbox import Sandbox
-from minisandbox.tasks.builder import WHEELHOUSE, Builder
+from minisandbox.tasks.builder import Builder
+from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import all_or_none
 
@@ -45,8 +46,6 @@ APPLY_COMMANDS = (
     "git apply --verbose --reject",
     "patch --batch --fuzz=5 -p1 -i",
 )
-START_MARKER = ">>>>> Start Test Output"
-END_MARKER = ">>>>> End Test Output"
 # Strings the harness writes into a log when a step failed; a log holding one is not graded.
 _BAD_CODES = (
     ">>>>> Patch Apply Failed",
@@ -60,7 +59,6 @@ EVAL_SCRIPT_PATH = "/eval.sh"
 _HOOK_PATH = "/tmp/.minisandbox-eval-hook.sh"
 _RC_PATH = "/tmp/.minisandbox-test-rc"
 _RC_MAX_BYTES = 64
-_HEREDOC = "EOF_114329324912"  # swebench's delimiter, so generated scripts read like theirs
 # Offline pip: the eval scripts of some repositories reinstall the package (`pip install -e .`);
 # with no index it uses what the environment holds, and for pip's isolated build the wheels of
 # the build requirements that the builder kept (WHEELHOUSE), instead of waiting on a network the
@@ -139,7 +137,7 @@ def _swebench() -> SimpleNamespace:
         from swebench.harness import grading, log_parsers
         from swebench.harness.constants import FAIL_ONLY_REPOS, EvalType, ResolvedStatus
     except ImportError as e:
-        raise MiniSandboxError(
+        raise GradingError(
             f"evaluation uses swebench's log parsers and grading, which did not import ({e}): "
             "pip install 'swebench>=4.1'"
         ) from None
@@ -168,7 +166,7 @@ def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
     if fn is None:
         fn = sb.log_parsers.MAP_REPO_TO_PARSER.get(task.repo)
     if fn is None:
-        raise MiniSandboxError(f"task {task.id}: swebench has no log parser {name!r}")
+        raise GradingError(f"task {task.id}: swebench has no log parser {name!r}")
     # Parsers take the test spec; the Python ones do not read it, the others read these fields.
     spec = SimpleNamespace(
         instance_id=task.id, repo=task.repo, version=task.version, test_cmd=task.test_cmd
@@ -225,28 +223,6 @@ def grade(task: Task, log: str, *, test_exit_code: int | None = None) -> Grade:
     )
 
 
-# ---------------------------------------------------------------- the eval script
-
-
-def make_eval_script(task: Task) -> str:
-    """The task's eval script: the dataset's own when it has one, else one of the same shape
-    (reset the test files, apply the test patch, run the tests between the markers, reset)."""
-    if task.eval_script:
-        return task.eval_script
-    if _HEREDOC in task.test_patch:
-        raise MiniSandboxError(f"task {task.id}: its test patch contains {_HEREDOC}")
-    files = " ".join(shlex.quote(f) for f in task.test_files)
-    lines = ["#!/bin/bash", "set -uxo pipefail", "cd /testbed"]
-    if files:
-        lines.append(f"git checkout {task.base_commit} {files}")
-    if task.test_patch:
-        lines += [f"git apply -v - <<'{_HEREDOC}'", task.test_patch.rstrip("\n"), _HEREDOC]
-    lines += [f": '{START_MARKER}'", task.test_cmd, f": '{END_MARKER}'"]
-    if files:
-        lines.append(f"git checkout {task.base_commit} {files}")
-    return "\n".join(lines) + "\n"
-
-
 # ---------------------------------------------------------------- evaluating
 
 
@@ -277,13 +253,15 @@ class Evaluator:
             async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
                 if self.on_phase is not None:
                     self.on_phase(task.id, "running tests")
-                await self._run(sb, task, patch or "", result)
+                await self.run_in(sb, task, patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         result.duration_s = round(time.monotonic() - began, 3)
         return result
 
-    async def _run(self, sb: Sandbox, task: Task, patch: str, result: EvalResult) -> None:
+    async def run_in(self, sb: CommandRunner, task: Task, patch: str, result: EvalResult) -> None:
+        """The harness's procedure in `sb` (a fresh sandbox of the task): apply `patch`, run
+        the eval script with the task's services, grade the log into `result`."""
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
         elif not await self._apply(sb, patch, result):
@@ -329,7 +307,7 @@ class Evaluator:
             result.reason = "empty patch (the tests pass without it: the task is not valid)"
         result.reward = 1.0 if result.resolved else 0.0
 
-    async def _apply(self, sb: Sandbox, patch: str, result: EvalResult) -> bool:
+    async def _apply(self, sb: CommandRunner, patch: str, result: EvalResult) -> bool:
         await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
         outputs = []
         for command in APPLY_COMMANDS:

@@ -13,28 +13,25 @@ rebuilt layer is a new layer, with no verdict.
 from __future__ import annotations
 
 import asyncio
-import copy
-import hashlib
-import json
+import contextlib
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
 
 from pydantic import BaseModel, Field
 
-from minisandbox.errors import MiniSandboxError
-
-if TYPE_CHECKING:
-    from minisandbox.evaluation.evaluator import EvalResult
-    from minisandbox.tasks.builder import Builder
-    from minisandbox.tasks.specs import Task
+from minisandbox.errors import EvalScriptError, TaskNotBuiltError, TaskNotValidatedError
+from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, EvalResult, Evaluator
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.tasks.builder import Builder
+from minisandbox.tasks.eval_script import make_eval_script
+from minisandbox.tasks.specs import Task, files_in_patch
+from minisandbox.utils.hashing import content_digest
 
 # Bump when what a verdict means changes (the evaluator's procedure or the checks below).
-_FORMAT = 2  # 2: the history check
+_FORMAT = 3  # 2: the history check; 3: keyed by the one canonical digest (utils.hashing)
 META_KEY = "validations"
-
-
-class TaskNotValidatedError(MiniSandboxError):
-    """A sandbox was asked for a task without a passing validation, and one is required."""
 
 
 class Check(BaseModel):
@@ -77,11 +74,9 @@ class Validation(BaseModel):
 
 def validation_key(task: Task) -> str:
     """A hash of everything a task's verdict depends on besides its layers."""
-    from minisandbox.evaluation.evaluator import make_eval_script
-
     try:
         script = make_eval_script(task)
-    except MiniSandboxError as e:  # such a task cannot be evaluated; its verdict says so
+    except EvalScriptError as e:  # such a task cannot be evaluated; its verdict says so
         script = f"error: {e}"
     spec = {
         "format": _FORMAT,
@@ -95,7 +90,7 @@ def validation_key(task: Task) -> str:
         "eval_type": task.eval_type,
         "services": task.services,
     }
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    return content_digest(spec)
 
 
 def _records(meta: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -113,7 +108,11 @@ def read_validation(builder: Builder, task: Task) -> Validation | None:
 
 
 def check_validated(builder: Builder, task: Task) -> None:
-    """Raise TaskNotValidatedError unless the task has a passing validation."""
+    """Refuse a task without a passing validation.
+
+    Raises:
+        TaskNotValidatedError: it has none (the message says how to validate it).
+    """
     v = read_validation(builder, task)
     if v is not None and v.valid:
         return
@@ -138,13 +137,9 @@ def _check(r: EvalResult) -> Check:
 async def check_history(builder: Builder, task: Task) -> HistoryCheck:
     """Run the history check (data/check_history.sh) in a sandbox of the task, as an agent's
     git would see the repository: refs, reflogs, remotes, unreachable objects, gold blobs."""
-    from importlib import resources
-
-    from minisandbox.tasks.specs import files_in_patch
-
     script = (resources.files("minisandbox") / "data" / "check_history.sh").read_text()
     files = files_in_patch(task.gold_patch) if task.gold_patch else []
-    async with builder.sandbox(task, require_validated=False) as sb:
+    async with builder.sandbox(task) as sb:
         await sb.write_file("/tmp/.msb-check-history.sh", script)
         await sb.write_file("/tmp/.msb-gold.patch", task.gold_patch or "")
         r = await sb.execute(
@@ -196,31 +191,51 @@ async def validate(
     builder: Builder, task: Task, *, timeout: float | None = None, force: bool = False
 ) -> Validation:
     """Evaluate the task's gold and empty patches (unless a verdict for it as it is now is
-    recorded and not `force`), record the verdict on its task layer and return it. The task
-    must be built."""
-    from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, Evaluator
+    recorded and not `force`), record the verdict on its task layer and return it.
 
+    Raises:
+        TaskNotBuiltError: the task is not built (build it first).
+    """
     if not force and (known := read_validation(builder, task)) is not None:
         return known
     layers = builder.layers_of(task)
     if layers is None:
-        raise MiniSandboxError(f"task {task.id} is not built; build it before validating")
-    # Validating is what makes a task acceptable: its own sandboxes cannot require it.
-    unchecked = copy.copy(builder)
-    unchecked.require_validated = False
-    evaluator = Evaluator(unchecked, timeout=timeout or DEFAULT_TIMEOUT)
+        raise TaskNotBuiltError(f"task {task.id} is not built; build it before validating")
+    evaluator = Evaluator(builder, timeout=timeout or DEFAULT_TIMEOUT)
     gold, empty, history = await asyncio.gather(
         evaluator.evaluate(task, task.gold_patch),
         evaluator.evaluate(task, ""),
-        check_history(unchecked, task),
+        check_history(builder, task),
     )
     verdict = judge(task, gold, empty, history)
-    layer = layers[1]
-    # Read-modify-write of the layer's meta: one writer at a time across processes.
-    async with builder._lock(f"meta/{layer}"):
-        meta = dict(builder.store.meta(layer) or {})
+
+    def record(meta: dict[str, Any]) -> dict[str, Any]:
         records = _records(meta)
         records.setdefault(task.id, {})[verdict.key] = verdict.model_dump(mode="json")
-        meta[META_KEY] = records
-        builder.store.set_meta(layer, meta)
+        return {**meta, META_KEY: records}
+
+    # Read-modify-write under the store's own lock: one writer at a time across processes.
+    await asyncio.to_thread(builder.store.update_meta, layers[1], record)
     return verdict
+
+
+@contextlib.asynccontextmanager
+async def agent_sandbox(
+    builder: Builder, task: Task, *, require_validated: bool | None = None, **kwargs: Any
+) -> AsyncIterator[Sandbox]:
+    """A sandbox of the task for an agent (integrations, `minisandbox shell` and `exec`):
+    `Builder.sandbox`, refused first for a task without a passing validation when the policy
+    asks for one (`require_validated`, default the settings': BuildSettings.require_validated,
+    $MINISANDBOX_REQUIRE_VALIDATED). Evaluation and validation use `Builder.sandbox`: the
+    policy is about what agents are given, not about grading.
+
+    Raises:
+        TaskNotValidatedError: the policy is on and the task has no passing validation.
+    """
+    required = (
+        builder.settings.require_validated if require_validated is None else require_validated
+    )
+    if required:
+        check_validated(builder, task)
+    async with builder.sandbox(task, **kwargs) as sb:
+        yield sb

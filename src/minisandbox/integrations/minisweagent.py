@@ -22,11 +22,12 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from minisandbox.errors import CommandTimeoutError, MiniSandboxError
+from minisandbox.errors import AgentEnvironmentError, CommandTimeoutError
 from minisandbox.evaluation.evaluator import EvalResult
 from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 from minisandbox.sandbox.sync import background_loop, call_soon, run_sync
@@ -115,7 +116,9 @@ class MiniSandboxEnvironment:
     def bind_task(self, task: str) -> None:
         """Make `task` this environment's task (before its sandbox has started)."""
         if self._ts is not None and self._ts.running:
-            raise MiniSandboxError("the sandbox is already started; a task must be bound first")
+            raise AgentEnvironmentError(
+                "the sandbox is already started; a task must be bound first"
+            )
         resolved = resolve_task(task, self.config.dataset, self.config.envs_dir)
         self._ts = TaskSandbox(resolved, builder=self.builder, **self.config.sandbox)
         self.config.task = resolved.id
@@ -181,7 +184,7 @@ class MiniSandboxEnvironment:
             # Already bound (task/image given): the directive must name the same task.
             want = resolve_task(m["task"], self.config.dataset, self.config.envs_dir).id
             if want != self._ts.task.id:
-                raise MiniSandboxError(f"bound to {self._ts.task.id}, not {want}")
+                raise AgentEnvironmentError(f"bound to {self._ts.task.id}, not {want}")
         else:
             self.bind_task(m["task"])
         self.start()
@@ -248,7 +251,7 @@ class MiniSandboxEnvironment:
         """Grade `patch` (default: per `grade`, the submission or the diff) in a fresh sandbox."""
         ts = self.task_sandbox
         if ts.task is None:
-            raise MiniSandboxError("a plain sandbox has no task to evaluate")
+            raise AgentEnvironmentError("a plain sandbox has no task to evaluate")
         if patch is None:
             patch = self.diff() if self.config.grade == "diff" else self.submission or ""
         return run_sync(ts.evaluate(patch, timeout=self.config.eval_timeout))
@@ -256,15 +259,16 @@ class MiniSandboxEnvironment:
     # ------------------------------------------------------------------ mini-swe-agent
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        merge: Callable[..., dict[str, Any]]
         try:
-            from minisweagent.utils.serialize import recursive_merge
+            from minisweagent.utils.serialize import recursive_merge as merge
         except ImportError:  # 1.x
-            recursive_merge = _merge
+            merge = _merge
         # The task is `task_id` here: agents pass the problem statement as `task`, and 1.x
         # renders with both as keyword arguments (a duplicate is an error).
         config = self.config.model_dump()
         config["task_id"] = config.pop("task")
-        return recursive_merge(config, platform.uname()._asdict(), kwargs)
+        return merge(config, platform.uname()._asdict(), kwargs)
 
     def serialize(self) -> dict[str, Any]:
         return {

@@ -28,8 +28,8 @@ from minisandbox.tasks.builder import Builder
 try:
     from skyrl_gym.envs.base_text_env import BaseTextEnv, BaseTextEnvStepOutput
 except ImportError:  # the rollout helpers below work without skyrl-gym
-    BaseTextEnv = object  # type: ignore[assignment,misc]
-    BaseTextEnvStepOutput = dict  # type: ignore[assignment,misc]
+    BaseTextEnv = object  # type: ignore[assignment,misc]  # a stand-in class
+    BaseTextEnvStepOutput = dict  # type: ignore[assignment,misc]  # a stand-in class
 
 ENV_ID = "minisandbox_swe"
 # mini-swe-agent's text format (2.x "mswea_bash_command", 1.x "bash") and plain blocks.
@@ -54,7 +54,7 @@ def _task_name(extras: dict[str, Any]) -> str | None:
     )
 
 
-class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]
+class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]  # skyrl-gym is untyped
     """env_config: dataset, timeout, eval_timeout, max_turns, sandbox (SandboxConfig fields).
     extras: `task` (or `instance_id`, or SkyRL's `instance` record), optional `max_turns`."""
 

@@ -50,6 +50,7 @@ def register() -> None:
             "register() must run before SWE-agent is imported (already loaded: "
             f"{', '.join(loaded)}); import minisandbox.integrations.sweagent first"
         )
+    # SWE-agent's union of deployment configs, widened at run time (a type alias to mypy).
     config.DeploymentConfig = config.DeploymentConfig | MiniSandboxDeploymentConfig  # type: ignore[assignment]
 
 

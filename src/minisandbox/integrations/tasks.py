@@ -11,11 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from minisandbox.errors import MiniSandboxError
+from minisandbox.errors import AgentEnvironmentError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
+from minisandbox.evaluation.validation import agent_sandbox
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks.builder import Builder, BuildSettings
-from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.loaders import TaskNotFoundError, load_tasks
 from minisandbox.tasks.specs import Task
 
 DEFAULT_DATASET = "examples"
@@ -51,7 +52,9 @@ def resolve_task(
         folded = {k.lower(): k for k in tasks}
         wanted = folded.get(wanted.lower(), wanted)
     if wanted not in tasks:
-        raise MiniSandboxError(f"{dataset}: no task {task!r}")
+        raise TaskNotFoundError(
+            f"{dataset}: no task {task!r}", missing=[task], source=os.fspath(dataset)
+        )
     return tasks[wanted]
 
 
@@ -75,7 +78,7 @@ class TaskSandbox:
     @property
     def sandbox(self) -> Sandbox:
         if self._sandbox is None:
-            raise MiniSandboxError("the sandbox is not started")
+            raise AgentEnvironmentError("the sandbox is not started")
         return self._sandbox
 
     @property
@@ -91,8 +94,9 @@ class TaskSandbox:
                 sb = await stack.enter_async_context(Sandbox(**self.overrides))
             else:
                 assert self.builder is not None
+                # An agent's sandbox: refused without a passing validation when required.
                 sb = await stack.enter_async_context(
-                    self.builder.sandbox(self.task, **self.overrides)
+                    agent_sandbox(self.builder, self.task, **self.overrides)
                 )
         except BaseException:
             await stack.aclose()
@@ -112,13 +116,13 @@ class TaskSandbox:
             "git add -A >/dev/null 2>&1; git diff --cached --binary HEAD", cwd="/testbed"
         )
         if r.exit_code != 0:
-            raise MiniSandboxError(f"git diff in /testbed failed: {r.stderr.strip()}")
+            raise AgentEnvironmentError(f"git diff in /testbed failed: {r.stderr.strip()}")
         return r.stdout
 
     async def evaluate(self, patch: str | None = None, *, timeout: float = 1800.0) -> EvalResult:
         """Score `patch` (default: the agent's changes) for the task in a fresh sandbox."""
         if self.task is None:
-            raise MiniSandboxError("a plain sandbox has no task to evaluate")
+            raise AgentEnvironmentError("a plain sandbox has no task to evaluate")
         if patch is None:
             patch = await self.diff()
         return await Evaluator(self.builder, timeout=timeout).evaluate(self.task, patch)

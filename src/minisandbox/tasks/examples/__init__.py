@@ -14,8 +14,12 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from minisandbox.errors import MiniSandboxError
+from minisandbox.errors import ExampleTaskError
+
+if TYPE_CHECKING:
+    from minisandbox.tasks.specs import Task
 
 EXAMPLES_DIR = Path(__file__).parent
 NAMES = ("semverkit", "datekit", "tablekit")
@@ -66,7 +70,7 @@ def materialize_mirror(mirror: Path) -> Path:
             _git(staging, "commit", "-q", "-m", "Initial commit")
             commit = _git(staging, "rev-parse", "HEAD")
             if commit != meta["base_commit"]:
-                raise MiniSandboxError(
+                raise ExampleTaskError(
                     f"example {name}: its repository was committed as {commit}, not the recorded "
                     f"base commit {meta['base_commit']} (were its files changed?)"
                 )
@@ -81,7 +85,7 @@ def materialize_mirror(mirror: Path) -> Path:
     return mirror
 
 
-def load_examples():  # type: ignore[no-untyped-def]
+def load_examples() -> list[Task]:
     """The bundled tasks. Their environment uses the Python minor version running this code,
     so the examples build wherever minisandbox runs."""
     from minisandbox.envs.recipe import EnvRecipe

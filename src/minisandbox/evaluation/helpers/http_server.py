@@ -1,0 +1,59 @@
+"""A test service's HTTP server, run inside the sandbox by the httpbin tools environment's python.
+
+Serves httpbin's WSGI app (or, given a files directory, those files as the "web" service:
+files/<host>/<path>, a directory's index.html, else 404) on 127.0.0.1 with a port the kernel
+picks (nothing the tests bind can collide with it). Given public host names, also on ports 80
+(HTTP) and 443 (HTTPS, with a certificate for those names from a CA made now, written to
+<info>.ca.pem). Then publishes "<port> <pid>" atomically: once the file exists every socket
+listens.
+
+argv: info-path files-directory-or-empty public-names...
+"""
+
+import os
+import ssl
+import sys
+import threading
+
+from werkzeug.serving import make_server
+
+if not sys.argv[2]:
+    from httpbin import app
+
+info, files, names = sys.argv[1], sys.argv[2], [n for n in sys.argv[3:] if n]
+if files:  # the "web" service: files/<host>/<path>, else 404
+    import mimetypes
+
+    root = os.path.realpath(files)
+
+    def app(environ, start_response):
+        host = environ.get("HTTP_HOST", "").split(":")[0].lower()
+        path = os.path.realpath(os.path.join(root, host, environ.get("PATH_INFO", "").lstrip("/")))
+        if os.path.isdir(path):  # a directory's page: its index.html
+            path = os.path.join(path, "index.html")
+        if path.startswith(root + os.sep) and os.path.isfile(path):
+            with open(path, "rb") as fh:
+                body = fh.read()
+            kind = mimetypes.guess_type(path)[0] or "application/octet-stream"
+            start_response("200 OK", [("Content-Type", kind), ("Content-Length", str(len(body)))])
+            return [body]
+        start_response("404 Not Found", [("Content-Type", "text/plain")])
+        return [b"not found"]
+
+
+servers = [make_server("127.0.0.1", 0, app, threaded=True)]
+if names:
+    import trustme
+
+    ca = trustme.CA(organization_name="minisandbox test services")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert(*names).configure_cert(context)
+    ca.cert_pem.write_to_path(info + ".ca.pem")
+    servers.append(make_server("127.0.0.1", 80, app, threaded=True))
+    servers.append(make_server("127.0.0.1", 443, app, threaded=True, ssl_context=context))
+for server in servers[1:]:
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+with open(info + ".tmp", "w") as f:
+    f.write(f"{servers[0].socket.getsockname()[1]} {os.getpid()}\n")
+os.rename(info + ".tmp", info)
+servers[0].serve_forever()

@@ -1,0 +1,146 @@
+"""Environments of every Python version the SWE-bench exports use, built for real (uv, PyPI)
+through the Builder, and what their python does inside a task sandbox when reached the way tox,
+nox or `python -m venv` reach it. Needs the package index and pyenv-style interpreters; a
+version this machine lacks is skipped."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from minisandbox.envs.envlayer import build_constraints
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.envs.toolchains import ToolchainNotFoundError, find_interpreter
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
+
+
+@pytest.fixture(scope="module")
+def own(home: Path, settings: BuildSettings) -> BuildSettings:
+    base = home / "envs"
+    return BuildSettings(
+        store=base / "store", cache=base / "layers", git_mirror=settings.git_mirror
+    )
+
+
+def _task(python: str, requirements: list[str], name: str) -> Task:
+    """A quick task: the recipe under test, no install step (the checkout is the task layer)."""
+    try:
+        find_interpreter(python)
+    except ToolchainNotFoundError:
+        pytest.skip(f"no Python {python} interpreter here")
+    task = load_tasks("examples")[0]
+    env = EnvRecipe(python=python, requirements=requirements)
+    return task.model_copy(update={"id": f"env-{name}", "env": env, "install": []})
+
+
+def _build(settings: BuildSettings, task: Task) -> Builder:
+    builder = Builder(settings)
+    result = asyncio.run(builder.build(task))
+    assert result.status == "built", result.error
+    print(f"{task.id}: built in {result.seconds:.1f} s")
+    return builder
+
+
+# What tox (with tox-current-env, as sphinx's eval scripts run it) and SWE-bench's conda path do:
+# a python in another directory linking to the environment's, directly and through two links.
+_LINKS = """
+set -e
+mkdir -p /tmp/tox/.tox/py39/bin /tmp/chain
+ln -s /opt/venv/bin/python /tmp/tox/.tox/py39/bin/python
+ln -s /tmp/tox/.tox/py39/bin/python /tmp/chain/python
+for exe in python /opt/venv/bin/python3 /tmp/tox/.tox/py39/bin/python /tmp/chain/python \\
+    /opt/miniconda3/envs/testbed/bin/python; do
+  echo "$exe $($exe -X dev -c 'import sys, six; print(sys.prefix)')"
+done
+python -m venv /tmp/x
+echo "venv $(/tmp/x/bin/python -c 'import sys; print(sys.prefix)')"
+/tmp/x/bin/python -c 'import six' 2>/dev/null && echo "isolated no" || echo "isolated yes"
+"""
+
+
+@pytest.mark.parametrize("python", ["3.6", "3.13"])
+def test_env_python_keeps_its_packages_through_links(own: BuildSettings, python: str) -> None:
+    """Python 3.6 builds (uv's bytecode compiler does not run on it), and however its python
+    is reached, through tox's link or a chain of two, it is the environment: sys.prefix is
+    /opt/venv and its packages import; a venv made inside the sandbox is its own. 3.6 finds
+    its prefix with the old C getpath, 3.13 with getpath.py: both are covered."""
+    # pybind11-global installs headers of its own into include/pythonX.Y (matplotlib's
+    # environments): that directory must take them beside the interpreter's read-only ones.
+    headers = ["pybind11-global==2.13.6"] if python != "3.6" else []
+    task = _task(python, ["six==1.16.0", *headers], f"links-{python}")
+    builder = _build(own, task)
+
+    async def run() -> tuple[str, str, str]:
+        async with builder.sandbox(task) as sb:
+            r = await sb.execute(_LINKS)
+            assert r.exit_code == 0, r.output
+            pip = await sb.execute("pip --version")
+            h = await sb.execute("ls /opt/venv/include/python3*/")
+            return r.stdout, pip.stdout, h.stdout
+
+    out, pip, include = asyncio.run(run())
+    assert "Python.h" in include.split(), include  # the interpreter's headers
+    if headers:
+        assert "pybind11-global" in include.split(), include
+    lines = dict(line.split(" ", 1) for line in out.strip().splitlines())
+    for exe in (
+        "python",
+        "/opt/venv/bin/python3",
+        "/tmp/tox/.tox/py39/bin/python",
+        "/tmp/chain/python",
+    ):
+        assert lines[exe] == "/opt/venv", out
+    # The compatibility layer's conda environment is a link to /opt/venv's directory: its
+    # python is found there, as in the official images.
+    assert lines["/opt/miniconda3/envs/testbed/bin/python"] == "/opt/miniconda3/envs/testbed"
+    assert lines["venv"] == "/tmp/x", out
+    assert lines["isolated"] == "yes", out
+    assert f"python {python}" in pip  # seeded pip runs on this Python
+
+
+def test_build_constraints_follow_the_recipes_setuptools() -> None:
+    assert build_constraints(["six==1.16.0", "setuptools==38.2.4"]) == ["setuptools<41\n"]
+    assert build_constraints(["setuptools==58.0.4"]) == ["setuptools<59\n"]
+    assert build_constraints(["SetupTools == 65.6.3 ; python_version >= '3'"]) == [
+        "setuptools<66\n"
+    ]
+    assert build_constraints(["setuptools-scm==6.0", "six"]) == []
+    assert build_constraints(["setuptools>=40"]) == []
+
+
+@pytest.mark.parametrize(
+    ("python", "setuptools"),
+    [
+        ("3.6", "38.2.4"),  # as astropy 1.3's export (the default run keeps this one)
+        pytest.param("3.7", "44.1.1", marks=pytest.mark.slow),
+    ],
+)
+def test_old_sdists_build_with_the_recipes_setuptools(
+    own: BuildSettings, python: str, setuptools: str
+) -> None:
+    """`markupsafe==1.0` (setup.py imports setuptools.Feature, gone in 46) builds from source
+    in an environment pinning an old setuptools, and imports in its sandbox. The control: the
+    same recipe without the pin fails on exactly that."""
+    bare = _task(python, ["six==1.16.0", "markupsafe==1.0"], f"bare-{python}")
+    result = asyncio.run(Builder(own).build(bare))
+    assert result.status == "failed" and "'requirements'" in (result.error or ""), result
+    assert "Feature" in Path(result.log or "").read_text()
+
+    pinned = [f"setuptools=={setuptools}", "six==1.16.0", "markupsafe==1.0"]
+    task = _task(python, pinned, f"markupsafe-{python}")
+    builder = _build(own, task)
+
+    async def run() -> str:
+        async with builder.sandbox(task) as sb:
+            r = await sb.execute(
+                "python -c 'import six, markupsafe, setuptools; "
+                "print(markupsafe.__version__, setuptools.__version__)'"
+            )
+            assert r.exit_code == 0, r.output
+            return r.stdout.split()
+
+    assert asyncio.run(run()) == ["1.0", setuptools]
