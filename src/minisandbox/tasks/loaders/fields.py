@@ -63,6 +63,22 @@ class Where:
             self.instance_id = None  # do not repeat a newline or a control character
             raise self.error(f"{value!r} {problem}: not usable as a task id", field)
 
+    def take(self, record: Any, id_field: str, wanted: set[str] | None) -> bool:
+        """Check that `record` is a mapping with a valid id in `id_field` (this place then names
+        it) and say whether it is `wanted` (None: all are); a non-string id is never wanted.
+
+        Raises:
+            TaskFormatError: not a mapping, or a wanted record whose id is not a valid id.
+        """
+        if not isinstance(record, dict):
+            raise self.error(f"expected a mapping, got {type(record).__name__}")
+        value = record.get(id_field)
+        self.instance_id = value if isinstance(value, str) else None
+        if wanted is not None and self.instance_id not in wanted:
+            return False
+        self.check_id(value, id_field)
+        return True
+
     def from_validation(self, exc: ValidationError, prefix: str = "") -> TaskFormatError:
         """The error to raise for pydantic's `exc`: every problem, each naming its field
         (`prefix` + the field's dotted location)."""

@@ -44,13 +44,8 @@ def records_to_tasks(
     tasks = []
     for index, line, record in records:
         where = Where(source, index, line)
-        if not isinstance(record, dict):
-            raise where.error(f"expected a mapping, got {type(record).__name__}")
-        iid = record.get("instance_id")
-        where.instance_id = iid if isinstance(iid, str) else None
-        if wanted is not None and where.instance_id not in wanted:
-            continue  # (a non-string id is never wanted)
-        where.check_id(iid, "instance_id")  # before envs_dir/<id>.yml is looked at
+        if not where.take(record, "instance_id", wanted):  # (before envs_dir/<id>.yml is read)
+            continue
         kind = record_kind(record, where)
         if kind == "swesmith":
             tasks.append(swesmith_task(record, where, source, base_dir, envs_dir, allow_abs))

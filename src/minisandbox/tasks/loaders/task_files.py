@@ -45,13 +45,8 @@ def own_tasks(
     tasks = []
     for index, entry in enumerate(entries):
         where = Where(name, index)
-        if not isinstance(entry, dict):
-            raise where.error(f"expected a mapping, got {type(entry).__name__}")
-        task_id = entry.get("id")
-        where.instance_id = task_id if isinstance(task_id, str) else None
-        if wanted is not None and where.instance_id not in wanted:
-            continue  # (a non-string id is never wanted)
-        where.check_id(task_id, "id")
+        if not where.take(entry, "id", wanted):
+            continue
         tasks.append(_entry_task(dict(entry), path, where, allow_abs))
     return tasks
 
