@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -452,3 +453,52 @@ async def attack_mapped_uid_writes_node_cache(ctx: AttackContext) -> None:
         # Another process of root may open the cache as before (a Builder in a new process).
         again = NodeCache(base / "cache", store, max_bytes=1 << 30, owner=owner)
         assert again.cached() == [layer_id]
+
+
+@attack
+async def attack_forged_layer_root_is_not_a_directory(ctx: AttackContext) -> None:
+    """Whoever can write to the shared store can add a layer: its id is the hash of its manifest,
+    so a forged manifest verifies. Its root must still be a directory: a root row that is a
+    symlink (to the host's /) or a file would make the node cache's copy of the layer a link to
+    host files, which every sandbox on that layer then mounts as its root."""
+    import hashlib
+
+    import zstandard
+
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.layers.manifest import FORMAT
+    from minisandbox.layers.nodecache import NodeCache
+    from minisandbox.layers.store import LayerStore
+
+    base = scratch_subdir(ctx, "forged-")
+    store = LayerStore(base / "store")
+    src = base / "src"
+    (src / "testbed").mkdir(parents=True)
+    (src / "testbed" / "ok.txt").write_text("ok\n")
+    good = store.publish(src).id
+    cache = NodeCache(base / "cache", store, max_bytes=1 << 30, owner=SandboxConfig().layer_owner())
+    async with cache.use([good]) as (path,):  # positive control: a real layer unpacks
+        assert (path / "testbed" / "ok.txt").read_text() == "ok\n" and not path.is_symlink()
+    forged_roots = {
+        "link to /": ["l", ".", "/"],
+        "link to the secret": ["l", ".", str(Path(ctx.home_secret).parent)],
+        "empty file": ["f", ".", 0o644, 0, 0, -1, 0],
+    }
+    for what, root in forged_roots.items():
+        doc = {"format": FORMAT, "blobs": [], "entries": [root]}
+        raw = json.dumps(doc, separators=(",", ":")).encode()
+        layer_id = hashlib.sha256(raw).hexdigest()
+        store.manifest_path(layer_id).parent.mkdir(parents=True, exist_ok=True)
+        store.manifest_path(layer_id).write_bytes(zstandard.ZstdCompressor().compress(raw))
+        unpacked: Path | None = None
+        try:
+            async with cache.use([layer_id]) as (unpacked,):
+                pass
+        except MiniSandboxError:
+            pass  # refused: what must happen
+        target = cache.root / "layers" / layer_id
+        assert not target.is_symlink() and not target.is_file(), (
+            f"a forged layer whose root is a {what} was unpacked as {target} -> "
+            f"{os.readlink(target) if target.is_symlink() else 'a file'}"
+        )
+        assert unpacked is None, f"a forged layer whose root is a {what} was handed out"

@@ -104,6 +104,10 @@ class ManifestEntry:
         if not isinstance(row, list) or len(row) < 2:
             raise ManifestFormatError(f"not a manifest row: {row!r:.200}")
         kind, path = row[0], _check_path(_str(row[1], "path", row))
+        if path == "." and kind != DIRECTORY:
+            # The layer's root is a directory: a link there would make the unpacked layer a link
+            # to a host path (a forged manifest verifies: its id is its own hash).
+            raise ManifestFormatError(f"the root is not a directory: {row!r:.200}")
         if kind == DIRECTORY and len(row) in (3, 4):
             if len(row) == 4 and row[3] != _OPAQUE:
                 raise ManifestFormatError(f"unknown directory flag in row {row!r:.200}")
