@@ -443,7 +443,18 @@ async def attack_plant_symlinks_in_channel_dir(ctx: AttackContext) -> None:
         )
         assert r.stdout == "started\n", f"the swapper did not start: {r.output}"
         session = None
-        for _ in range(25):
+
+        # At least 25 rounds, and on until the swapper has swapped (a busy machine may not
+        # schedule it for a while): progress decides, not time.
+        async def swapped_yet() -> bool:
+            with contextlib.suppress(MiniSandboxError, OSError):  # the swapper may get this one
+                r = await sb.execute("cat /tmp/swapped 2>/dev/null")
+                return r.stdout.strip().isdigit() and int(r.stdout) > 0
+            return False
+
+        rounds, deadline = 0, time.monotonic() + 600
+        while rounds < 25 or (not await swapped_yet() and time.monotonic() < deadline):
+            rounds += 1
             for op in (
                 lambda: sb.execute("echo hi", stdin="pwned\n"),
                 lambda: sb.write_file("/testbed/x", "pwned\n"),

@@ -816,3 +816,33 @@ def test_gc_removes_the_lock_files_of_removed_layers(tmp_path: Path) -> None:
     assert report.removed_layers == [r2.id]
     assert os.listdir(store.root / "locks") == [r1.id]
     assert store.meta(r1.id) == {"x": 1}
+
+
+def test_the_meta_lock_refuses_to_be_taken_twice_by_one_thread(tmp_path: Path) -> None:
+    """A flock taken again on another descriptor waits for itself forever: refused instead."""
+    from minisandbox.layers.errors import MetaLockHeldError
+
+    store = LayerStore(tmp_path / "store", fsync=False)
+    ref = store.publish(golden_tree(tmp_path / "tree"))
+
+    def nested(meta: dict) -> dict:
+        return store.update_meta(ref.id, lambda m: {**m, "inner": 1})
+
+    with pytest.raises(MetaLockHeldError):
+        store.update_meta(ref.id, nested)
+    assert store.update_meta(ref.id, lambda m: {**m, "after": 1}) == {"after": 1}  # released
+
+
+def test_gc_keeps_a_lock_file_that_is_held(tmp_path: Path) -> None:
+    """gc removes an old lock file of a layer that is gone only under the file's own flock: a
+    locker holding it keeps it (else a second locker would lock a new file of the same name)."""
+    store = LayerStore(tmp_path / "store", fsync=False)
+    gone = "ab" * 32
+    old = time.time() - 7200
+    with store.meta_lock(gone):
+        os.utime(store.lock_path(gone), (old, old))
+        store.gc(keep=set())
+        assert store.lock_path(gone).exists(), "gc removed a lock file while it was held"
+    os.utime(store.lock_path(gone), (old, old))
+    store.gc(keep=set())
+    assert not store.lock_path(gone).exists(), "gc kept an old, unheld lock file"  # control

@@ -81,3 +81,7 @@ class IOBudgetError(MiniSandboxError, ValueError):
 
 class IOBudgetStateError(MiniSandboxError):
     """The budget's shared state lost a reservation of a live process (edited by hand?)."""
+
+
+class MetaLockHeldError(LayerStoreError):
+    """A thread asked again for a layer's metadata lock it holds (it would wait forever)."""

@@ -9,10 +9,12 @@ import fcntl
 import os
 import secrets
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from minisandbox.layers.errors import MetaLockHeldError
 from minisandbox.layers.ids import check_layer_id, is_layer_id, ref_filename
 
 _MANIFEST_SUFFIX = ".manifest.zst"
@@ -95,20 +97,78 @@ class StoreLayout:
         """Hold the lock on the layer's metadata: an exclusive flock on locks/<id>, on a
         descriptor of this call's own, so that it excludes other threads of this process as
         well as other processes (on a shared filesystem, those of other machines where its
-        locks reach them). Blocking; held only for one read-modify-write, so never nest it."""
+        locks reach them). Blocking; held only for one read-modify-write.
+
+        Raises:
+            MetaLockHeldError: this thread already holds it (a second flock would wait forever).
+        """
+        held = _held_locks()
+        if layer_id in held:
+            raise MetaLockHeldError(f"layer {layer_id}: its metadata lock is already held here")
         path = self.lock_path(layer_id)
         path.parent.mkdir(exist_ok=True)
-        flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = _lock_file(path)
+        held.add(layer_id)
         try:
-            # For writing: over NFS an exclusive flock is a POSIX lock, which needs that.
-            fd = os.open(path, os.O_RDWR | flags, 0o644)
-        except PermissionError:  # another user's lock file: read-only locks it too, locally
-            fd = os.open(path, os.O_RDONLY | flags)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
             with contextlib.suppress(OSError):  # another user's lock file: theirs to keep fresh
                 now = time.time()
                 os.utime(fd, (now, now))  # gc removes only lock files unused for its grace
             yield
         finally:
+            held.discard(layer_id)
             os.close(fd)  # drops the flock
+
+
+_local = threading.local()
+
+
+def _held_locks() -> set[str]:
+    held: set[str] | None = getattr(_local, "held", None)
+    if held is None:
+        held = _local.held = set()
+    return held
+
+
+def _lock_file(path: Path) -> int:
+    """A descriptor holding an exclusive flock on the lock file at `path`, the one the path
+    names once locked (gc may remove an unused lock file between an open and its flock: then
+    lock the new one)."""
+    flags = os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        try:
+            # For writing: over NFS an exclusive flock is a POSIX lock, which needs that. 0o666
+            # (less the umask): the users sharing a store share its lock files.
+            fd = os.open(path, os.O_RDWR | flags, 0o666)
+        except PermissionError:  # another user's lock file: read-only locks it too, locally
+            fd = os.open(path, os.O_RDONLY | flags)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass  # removed while we waited: take the new one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+
+
+def remove_lock_file(path: Path) -> bool:
+    """Remove an unused lock file: only while holding its flock (a holder keeps it), so that
+    two lockers never hold different files of one name."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        os.unlink(path)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        os.close(fd)

@@ -23,6 +23,7 @@ from pydantic import BaseModel
 from minisandbox.layers.blobs import check_blob
 from minisandbox.layers.errors import LayerNotFoundError, LayerStoreError
 from minisandbox.layers.ids import is_layer_id
+from minisandbox.layers.layout import remove_lock_file
 from minisandbox.layers.manifest import Manifest
 from minisandbox.layers.parallel import run_parallel
 from minisandbox.sandbox.cleanup import remove_tree
@@ -245,15 +246,17 @@ def _collect_orphans(store: MaintainedStore, cutoff: float, report: GcReport) ->
         for name in os.listdir(layers)
         if name.endswith(".json") and not store.manifest_path(name[:-5]).exists()
     ]
-    # A lock file is touched whenever it is taken: an old one is nobody's.
-    orphans += [
-        locks / name
-        for name in (os.listdir(locks) if locks.is_dir() else [])
-        if is_layer_id(name) and not store.manifest_path(name).exists()
-    ]
     for path in orphans:
         if _count(report, _remove_if_old(path, cutoff)):
             report.removed_temps += 1
+    # A lock file is touched whenever it is taken: an old one is nobody's. Removed under its
+    # own flock, so that a locker that opened it meanwhile keeps it (layout.meta_lock).
+    for name in os.listdir(locks) if locks.is_dir() else []:
+        path = locks / name
+        if is_layer_id(name) and not store.manifest_path(name).exists():
+            with contextlib.suppress(FileNotFoundError):
+                if path.lstat().st_mtime < cutoff and remove_lock_file(path):
+                    report.removed_temps += 1
 
 
 def collect_garbage(

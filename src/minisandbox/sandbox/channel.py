@@ -195,6 +195,7 @@ class ControlChannel:
         self._ready: asyncio.Future[int] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed: BaseException | None = None
+        self._dropped_overlong = False
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -344,7 +345,9 @@ class ControlChannel:
                 try:
                     line = await self._reader.readline()
                 except ValueError:  # longer than the reader's limit: not one of ours
-                    logger.warning("dropped an overlong line on a control channel")
+                    if not self._dropped_overlong:  # once: the sandbox can write many
+                        logger.warning("dropped an overlong line on a control channel")
+                    self._dropped_overlong = True
                     continue
                 if not line:
                     return

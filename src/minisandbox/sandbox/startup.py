@@ -29,6 +29,10 @@ from minisandbox.sandbox.rootfs import DEFAULT_PATH, MountPlan, build_system_lay
 from minisandbox.sandbox.scripts import helper
 
 T = TypeVar("T")
+
+# Where the host tools sandboxes rely on are looked up (the file helpers' PATH, helpers/fail.sh:
+# /usr is read-only inside, so nothing in the sandbox can replace them).
+HOST_TOOLS_PATH = "/usr/bin:/bin"
 # How long bwrap may take to set a sandbox up (its info, then the control shell's first reply).
 START_TIMEOUT = 30.0
 
@@ -47,7 +51,7 @@ def preflight(config: SandboxConfig, as_root: bool) -> Path:
     bwrap = find_bwrap(config.bwrap)
     check_userns()
     for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if as_root else ()):
-        if shutil.which(tool, path=DEFAULT_PATH) is None:
+        if shutil.which(tool, path=HOST_TOOLS_PATH) is None:
             raise SandboxStartError(f"the host has no `{tool}` in /usr/bin or /bin; install it")
     return bwrap
 
