@@ -295,11 +295,10 @@ def _copy_tree(src: Path, dst: Path, uid: int) -> None:
         subprocess.run(["chown", "-R", f"{uid}:{uid}", str(dst)], check=True)
 
 
-def _eval_as(
-    caller: str, runner: Any, env: dict[str, str], report: Path, cwd: Path, jobs: int
-) -> Any:
-    """`eval examples -p gold` as `caller`, with a deadline: a hang fails the test."""
-    args = ["eval", "examples", "-p", "gold", "-j", str(jobs), "--report", str(report)]
+def _run_as(
+    caller: str, runner: Any, env: dict[str, str], args: list[str], cwd: Path
+) -> subprocess.CompletedProcess:
+    """The CLI with `args` as `caller`, with a deadline: a hang fails the test."""
     if caller == "root":
         argv, full_env = [*CLI, *args], {**os.environ, **env}
     else:
@@ -313,7 +312,38 @@ def _eval_as(
         )
     except subprocess.TimeoutExpired as e:
         stderr = e.stderr if isinstance(e.stderr, str) else repr(e.stderr)
-        raise AssertionError(f"eval on a full disk did not end within 300 s: {stderr}") from None
+        raise AssertionError(f"`{' '.join(args)}` did not end within 300 s: {stderr}") from None
+
+
+def _eval_as(
+    caller: str, runner: Any, env: dict[str, str], report: Path, cwd: Path, jobs: int
+) -> Any:
+    """`eval examples -p gold` as `caller`."""
+    args = ["eval", "examples", "-p", "gold", "-j", str(jobs), "--report", str(report)]
+    return _run_as(caller, runner, env, args, cwd)
+
+
+@pytest.fixture(scope="module")
+def uid_store(settings, built, uid_runner) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+    """A copy of the built store that uid 4242 owns, with the layers uid 4242's own build makes:
+    it finds its interpreters itself (root's may be out of its reach, under root's home), so
+    its environments can be other layers than root's."""
+    runner = uid_runner()
+    work = Path(tempfile.mkdtemp(prefix="msb-uid-store-"))
+    try:
+        os.chmod(work, 0o755)
+        os.chown(work, UID, UID)
+        _copy_tree(settings.store, work / "store", UID)
+        _copy_tree(settings.git_mirror, work / "mirror", UID)
+        env = {**_env(settings), "MINISANDBOX_GIT_MIRROR": str(work / "mirror")}
+        env.update(MINISANDBOX_STORE=str(work / "store"), MINISANDBOX_CACHE=str(work / "cache"))
+        r = _run_as("unprivileged", runner, env, ["build", "examples"], work)
+        assert r.returncode == 0, f"uid {UID} could not build the examples: {r.stderr[-3000:]}"
+        yield work / "store"
+    finally:
+        from minisandbox.sandbox.runtime import remove_tree
+
+        remove_tree(work)
 
 
 def _one_clear_line(r: Any, path: Path) -> str:
@@ -367,19 +397,21 @@ def test_eval_on_a_full_report_disk(settings, built, caller: str, uid_runner) ->
 
 @pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
 @pytest.mark.parametrize("caller", ["root", "unprivileged"])
-def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner) -> None:  # type: ignore[no-untyped-def]
+def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner, request) -> None:  # type: ignore[no-untyped-def]
     """The store and node cache on a disk too small to unpack the layers: evaluations fail
     mid-start, in parallel; one line, exit 2, and the CLI ends (no hang, no tracebacks of the
     tasks left behind)."""
     uid = 0 if caller == "root" else UID
     runner = None if caller == "root" else uid_runner()
+    # The caller's own layers are in the store: the unpacking fails, not a build.
+    store = settings.store if caller == "root" else request.getfixturevalue("uid_store")
     work = Path(tempfile.mkdtemp(prefix="msb-enospc-work-"))
     try:
         os.chmod(work, 0o755)
         if uid:
             os.chown(work, uid, uid)
         with _tmpfs("40m", uid) as fs:
-            _copy_tree(settings.store, fs / "store", uid)  # ~16 MB; the layers need ~90 unpacked
+            _copy_tree(store, fs / "store", uid)  # ~16 MB a caller; the layers need ~90 unpacked
             env = _env(settings)
             env.update(MINISANDBOX_STORE=str(fs / "store"), MINISANDBOX_CACHE=str(fs / "cache"))
             report = work / "report"
