@@ -319,8 +319,11 @@ class Builder(LayerBuilder):
 
         Raises:
             TaskNotBuiltError: not built, and `build` is false.
-            TaskBuildError: building failed.
-            ServiceError: the task names an unknown or misnamed test service.
+            TaskBuildError: building the task's layers failed.
+            ServiceError: the task names an unknown or misnamed test service
+                (ToolsEnvironmentError: the host has no Python for its tools environment).
+            BuildError: building a tools environment failed.
+            UvNotFoundError: a build is needed and there is no uv.
         """
         check_services(task)
         found = self.layers_of(task)
@@ -363,8 +366,10 @@ class Builder(LayerBuilder):
         (evaluation.validation.agent_sandbox).
 
         Raises:
-            TaskNotBuiltError, TaskBuildError, ServiceError: see `layers`.
+            TaskNotBuiltError, TaskBuildError, ServiceError, BuildError, UvNotFoundError: see
+                `layers`.
             SandboxStartError: the sandbox could not be set up.
+            TypeError: `require_validated` was passed (agent_sandbox checks validations).
         """
         if "require_validated" in overrides:
             raise TypeError(
