@@ -17,7 +17,7 @@ import typer
 
 from minisandbox.cli import build, cache, demo, evaluate, sandboxes, tasks
 from minisandbox.cli.app import app
-from minisandbox.cli.oserrors import default_places, explain_os_error
+from minisandbox.cli.oserrors import explain_os_error
 
 __all__ = ["app", "main"]
 
@@ -35,7 +35,6 @@ def main() -> None:
     """The `minisandbox` command. An OSError that reaches here (disk full, quota, read-only
     filesystem, permission...) ends it with one line naming the path and the fix, exit 2."""
     try:
-        default_places()
         app()
     except OSError as e:
         typer.secho(f"minisandbox: {explain_os_error(e)}", fg=typer.colors.RED, err=True)

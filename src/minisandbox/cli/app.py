@@ -11,19 +11,53 @@ import typer
 from minisandbox.cli.oserrors import place
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
+    from collections.abc import Iterable, Sequence
+
+    from rich.table import Table
+
     from minisandbox.sandbox.config import SandboxConfig
     from minisandbox.tasks.builder import Builder
     from minisandbox.tasks.specs import Task
 
+# Plain click help: typer's rich help shows every flag as `<bool>` (typer 0.29), and plain
+# help does not need rich, so `--help` stays fast.
+HELP_MARKUP = None
+
 app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode=HELP_MARKUP,
     help=(
         "Container-free sandboxes for software-engineering agents: unprivileged Linux "
         "namespaces (bubblewrap), an overlay root over read-only layers, seccomp and resource "
         "limits. No root, no daemon."
     ),
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from minisandbox import __version__
+
+        typer.echo(f"minisandbox {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False,
+        "--version",
+        "-V",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version and exit.",
+    ),
+) -> None:
+    """Container-free sandboxes for software-engineering agents: unprivileged Linux namespaces
+    (bubblewrap), an overlay root over read-only layers, seccomp and resource limits. No root,
+    no daemon."""
+
 
 # ---------------------------------------------------------------- a sandbox's options
 
@@ -80,6 +114,17 @@ def fail(message: str) -> NoReturn:
     """Every error ends here: one line on stderr, exit status 2."""
     typer.secho(f"minisandbox: {message}", fg=typer.colors.RED, err=True)
     raise typer.Exit(2)
+
+
+def add_columns(table: Table, columns: Sequence[str], ids: Iterable[str] = ()) -> None:
+    """Add `columns` to `table`; the first holds ids (`ids`, the ones it will show), which are
+    never cut: it is as wide as the longest, and other cells fold rather than end in "…"."""
+    id_width = max((len(i) for i in ids), default=0)
+    for n, col in enumerate(columns):
+        if n == 0:
+            table.add_column(col, no_wrap=True, min_width=max(id_width, len(col)))
+        else:
+            table.add_column(col, overflow="fold")
 
 
 def sandbox_config(

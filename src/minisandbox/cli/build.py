@@ -20,6 +20,7 @@ from minisandbox.cli.app import (
     QuietOpt,
     StoreOpt,
     TasksArg,
+    add_columns,
     fail,
     load_dataset,
     make_builder,
@@ -187,8 +188,9 @@ def _build_table(results: list[BuildResult], verdicts: dict[str, Validation] | N
 
     table = Table(title="build summary")
     columns = ["task", "status", "seconds", "detail"]
-    for col in [*columns, "validation"] if verdicts is not None else columns:
-        table.add_column(col)
+    if verdicts is not None:
+        columns.append("validation")
+    add_columns(table, columns, [r.task_id for r in results])
     for r in results:
         colour = {"built": "green", "cached": "cyan", "failed": "red"}[r.status]
         detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]

@@ -1,18 +1,23 @@
-"""`cache ls|du|verify|gc`: inspect and tidy the layer store (and the node cache)."""
+"""`cache ls|du|verify|gc`: inspect and tidy the layer store (and the node cache). Sizes are
+shown in binary units (KiB, MiB, GiB); with --json each command prints one JSON value on
+stdout, sizes in bytes."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from minisandbox.cli.app import CacheOpt, StoreOpt
+from minisandbox.cli.app import HELP_MARKUP, CacheOpt, StoreOpt, add_columns
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
     from minisandbox.layers.store import LayerStore
 
-cache_app = typer.Typer(no_args_is_help=True, help="Inspect and tidy the layer store.")
+cache_app = typer.Typer(
+    no_args_is_help=True, rich_markup_mode=HELP_MARKUP, help="Inspect and tidy the layer store."
+)
 
 
 def _store(store: Path | None) -> LayerStore:
@@ -22,12 +27,26 @@ def _store(store: Path | None) -> LayerStore:
     return LayerStore(store or BuildSettings().store)
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:,.1f} MB"
+JsonOpt = typer.Option(False, "--json", help="Print one JSON value on stdout (sizes in bytes).")
+
+
+def human_size(n: float) -> str:
+    """`n` bytes in binary units: "512 B", "1.5 KiB", "100.0 GiB"."""
+    if abs(n) < 1024:
+        return f"{int(n)} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if abs(n) < 1024 or unit == "TiB":
+            break
+    return f"{n:,.1f} {unit}"
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value))
 
 
 @cache_app.command("ls")
-def cache_ls(store: Path = StoreOpt) -> None:
+def cache_ls(store: Path = StoreOpt, json_out: bool = JsonOpt) -> None:
     """List the stored layers: what each is, its unpacked size, what it added to the store."""
     from rich.console import Console
     from rich.table import Table
@@ -36,18 +55,36 @@ def cache_ls(store: Path = StoreOpt) -> None:
     names: dict[str, list[str]] = {}
     for name, layer in s.refs().items():
         names.setdefault(layer, []).append(name)
+    if json_out:
+        _print_json(
+            [
+                {
+                    "id": ref.id,
+                    "refs": sorted(names.get(ref.id, [])),
+                    "kind": (ref.meta or {}).get("kind"),
+                    "size_bytes": ref.size,
+                    "stored_bytes": ref.stored_bytes,
+                    "files": ref.files,
+                    "created": ref.created.isoformat(),
+                    "meta": ref.meta,
+                }
+                for ref in sorted(s.list(), key=lambda r: r.created)
+            ]
+        )
+        return
     table = Table(title=f"layers in {s.root}")
-    for col in ("layer", "kind", "for", "size", "stored", "files", "created"):
-        table.add_column(col)
-    for ref in sorted(s.list(), key=lambda r: r.created):
+    layers = sorted(s.list(), key=lambda r: r.created)
+    columns = ("layer", "kind", "for", "size", "stored", "files", "created")
+    add_columns(table, columns, [ref.id[:12] for ref in layers])
+    for ref in layers:
         meta = ref.meta or {}
         what = meta.get("task") or ", ".join(meta.get("recipe", {}).get("requirements", [])[:3])
         table.add_row(
             ref.id[:12],
             str(meta.get("kind", "?")),
             str(what)[:40],
-            _mb(ref.size),
-            _mb(ref.stored_bytes),
+            human_size(ref.size),
+            human_size(ref.stored_bytes),
             str(ref.files),
             ref.created.strftime("%Y-%m-%d %H:%M"),
         )
@@ -55,7 +92,7 @@ def cache_ls(store: Path = StoreOpt) -> None:
 
 
 @cache_app.command("du")
-def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt) -> None:
+def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt, json_out: bool = JsonOpt) -> None:
     """Bytes stored against bytes the layers hold unpacked (the deduplication), and the node
     cache's use of its cap."""
     from minisandbox.tasks.builder import Builder, BuildSettings
@@ -68,14 +105,24 @@ def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt) -> None:
     builder = Builder(settings)
     du = builder.store.du()
     usage = builder.cache.usage()
+    if json_out:
+        _print_json(
+            {
+                "store": {"root": str(builder.store.root), **du},
+                "node_cache": {"root": str(builder.cache.root), **usage.model_dump()},
+            }
+        )
+        return
     typer.echo(
-        f"store {builder.store.root}: {du['layers']} layers, {_mb(du['stored_bytes'])} "
-        f"stored for {_mb(du['logical_bytes'])} of layer content "
-        f"(x{du['ratio']}), {du['unique_blobs']} blobs"
+        f"store {builder.store.root}: {du['layers']} layers, {human_size(du['stored_bytes'])} "
+        f"stored for {human_size(du['logical_bytes'])} of layer content"
+        + (f" (x{du['ratio']})" if du["ratio"] is not None else "")
+        + f", {du['unique_blobs']} blobs"
     )
     typer.echo(
         f"node cache {builder.cache.root}: {usage.layers} layers unpacked, "
-        f"{_mb(usage.bytes)} of {_mb(usage.max_bytes)}, {len(usage.pinned)} in use"
+        f"{human_size(usage.bytes)} of {human_size(usage.max_bytes)}, "
+        f"{len(usage.pinned)} in use"
     )
 
 
@@ -89,6 +136,7 @@ def cache_verify(
         help="Move corrupt blobs aside and drop the refs of broken layers (the next build "
         "rebuilds them).",
     ),
+    json_out: bool = JsonOpt,
 ) -> None:
     """Re-hash every blob and manifest, and every file of the node's pool against the store;
     exit 1 when anything is corrupt or missing."""
@@ -107,6 +155,16 @@ def cache_verify(
                 f"the node cache's pool at {pool_root} holds bad files: clear the node cache "
                 "(remove it while no sandbox runs) and its layers are unpacked anew"
             )
+    if json_out:
+        _print_json(
+            {
+                "ok": not problems,
+                "problems": problems,
+                "broken_layers": report.broken_layers,
+                "dropped_refs": report.dropped_refs,
+            }
+        )
+        raise typer.Exit(1 if problems else 0)
     for p in problems:
         typer.secho(p, fg=typer.colors.RED)
     typer.echo(f"{len(problems)} problems")
@@ -119,7 +177,7 @@ def cache_verify(
 
 
 @cache_app.command("gc")
-def cache_gc(store: Path = StoreOpt) -> None:
+def cache_gc(store: Path = StoreOpt, json_out: bool = JsonOpt) -> None:
     """Remove unreferenced layers and blobs, leftovers of interrupted publishes, and the work
     directories of builds whose process is gone (killed builds)."""
     from minisandbox.envs.workdirs import build_tmp, sweep_build_tmp
@@ -130,12 +188,24 @@ def cache_gc(store: Path = StoreOpt) -> None:
     settings = BuildSettings() if store is None else BuildSettings(store=store)
     swept = sweep_build_tmp(build_tmp(settings))
     freed = report.freed_bytes + sum(size for _path, size in swept)
+    if json_out:
+        _print_json(
+            {
+                "removed_layers": report.removed_layers,
+                "removed_blobs": report.removed_blobs,
+                "removed_temps": report.removed_temps,
+                "removed_build_dirs": [{"path": str(p), "bytes": n} for p, n in swept],
+                "freed_bytes": freed,
+                "problems": report.problems,
+            }
+        )
+        return
     typer.echo(
         f"removed {len(report.removed_layers)} layers, {report.removed_blobs} blobs, "
         f"{report.removed_temps} temp files, {len(swept)} stale build directories; "
-        f"freed {_mb(freed)}"
+        f"freed {human_size(freed)}"
     )
     for path, size in swept:
-        typer.echo(f"  removed {path} ({_mb(size)})")
+        typer.echo(f"  removed {path} ({human_size(size)})")
     for p in report.problems:
         typer.secho(p, fg=typer.colors.YELLOW)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from minisandbox.cli.aiorun import run_async
-from minisandbox.cli.app import CacheOpt, StoreOpt, fail, make_builder
+from minisandbox.cli.app import CacheOpt, StoreOpt, add_columns, fail, make_builder
 from minisandbox.utils.aio import all_or_none
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
@@ -52,9 +52,8 @@ async def _demo_tasks(builder: Builder) -> None:
         if r.status == "failed":
             raise typer.BadParameter(f"building {r.task_id} failed: {r.error}")
     table = Table(title="example tasks: each patch graded in a fresh sandbox, as SWE-bench does")
-    table.add_column("task", no_wrap=True)
-    for col in ("build", "start ms", "reward: no patch", "gold patch", "eval s"):
-        table.add_column(col)
+    columns = ("task", "build", "start ms", "reward: no patch", "gold patch", "eval s")
+    add_columns(table, columns, [t.id for t in tasks])
     evaluator = Evaluator(builder, timeout=600)
     rows = await all_or_none(
         _demo_task(builder, evaluator, t, r) for t, r in zip(tasks, results, strict=True)

@@ -27,10 +27,17 @@ def place(name: str, path: Path | None, knob: str) -> None:
 
 
 def default_places() -> None:
-    """The places every command may write to (the sandboxes' runtime directory)."""
-    from minisandbox.sandbox.runtime import runtime_root
+    """The places every command may write to (the sandboxes' runtime directory). Named only
+    when an error is explained: it imports the sandbox package, which `--help` must not wait
+    for."""
+    if "runtime" in _PLACES:
+        return
+    try:
+        from minisandbox.sandbox.runtime import runtime_root
 
-    place("runtime", runtime_root(), "MINISANDBOX_RUNTIME (or TMPDIR)")
+        place("runtime", runtime_root(), "MINISANDBOX_RUNTIME (or TMPDIR)")
+    except Exception:  # the explanation goes without it
+        return
 
 
 def _filesystem(path: Path) -> tuple[int, int] | None:
@@ -76,6 +83,7 @@ def explain_os_error(e: OSError) -> str:
 
     A failed write() names no file: then the first error of its chain that does is used, or for
     ENOSPC the places on the fullest filesystem, or else every place the command writes to."""
+    default_places()
     path = _named_path(e)
     # The deepest place first: the node cache may live inside the store's folder.
     places = sorted(_PLACES.values(), key=lambda p: len(p[0].parts), reverse=True)

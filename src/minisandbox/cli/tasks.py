@@ -7,7 +7,15 @@ from pathlib import Path
 
 import typer
 
-from minisandbox.cli.app import AbsPathsOpt, EnvsOpt, IdsOpt, TasksArg, fail, load_dataset
+from minisandbox.cli.app import (
+    AbsPathsOpt,
+    EnvsOpt,
+    IdsOpt,
+    TasksArg,
+    add_columns,
+    fail,
+    load_dataset,
+)
 
 
 def tasks_(
@@ -42,8 +50,8 @@ def tasks_(
             )
         return
     table = Table(title=f"{len(loaded)} tasks in {tasks}")
-    for col in ("id", "repo", "base commit", "python", "requirements", "FAIL_TO_PASS"):
-        table.add_column(col)
+    columns = ("id", "repo", "base commit", "python", "requirements", "FAIL_TO_PASS")
+    add_columns(table, columns, [t.id for t in loaded])
     for t in loaded:
         table.add_row(
             t.id,

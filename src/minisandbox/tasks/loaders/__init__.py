@@ -114,7 +114,7 @@ def load_tasks(
     path = Path(source).expanduser()
     envs = Path(envs_dir).expanduser() if envs_dir is not None else None
     if path.is_dir():
-        raise TaskFormatError(f"{path}: is a directory, not a task file", path=str(path))
+        raise TaskFormatError(_directory_problem(path), path=str(path))
     if path.exists():
         tasks = load_file(path, envs, wanted, allow_absolute_paths)
     elif path.suffix.lower() in FILE_SUFFIXES:
@@ -130,3 +130,20 @@ def load_tasks(
     check_found(wanted, [t.id for t in tasks], str(source))
     check_unique(tasks, str(source))
     return tasks
+
+
+def _directory_problem(path: Path) -> str:
+    """What to say when a task source is a directory: the task files in it, if any."""
+    try:
+        found = sorted(
+            p.name for p in path.iterdir() if p.suffix.lower() in FILE_SUFFIXES and p.is_file()
+        )
+    except OSError:
+        found = []
+    if found:
+        shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
+        return f"{path}: is a directory, not a task file: give one of its task files ({shown})"
+    return (
+        f"{path}: is a directory without task files: give a task file "
+        f"({', '.join(FILE_SUFFIXES)}), 'examples' or a Hugging Face dataset name"
+    )
