@@ -165,7 +165,7 @@ def test_shell_in_a_task_environment(settings, built) -> None:  # type: ignore[n
     )
     assert r.returncode == 0, r.stderr
     # One commit of history (the base), and the task's package importable from its venv.
-    assert b"1\r\nsemverkit\r\n" in r.stdout
+    assert b"1\nsemverkit\n" in r.stdout
 
 
 def test_os_errors_are_one_line_naming_the_path(tmp_path: Path) -> None:

@@ -53,23 +53,123 @@ def shell(
     allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Open an interactive bash in a fresh sandbox. Everything is gone when you exit, unless you
-    pass --upper DIR. With --task ID: in that task's environment (built first if needed)."""
+    pass --upper DIR. With --task ID: in that task's environment (built first if needed).
+
+    With input piped in (stdin not a terminal), bash runs it as a script instead, and the
+    command exits with bash's exit status: echo 'python -V' | minisandbox shell"""
     from minisandbox.errors import MiniSandboxError
-    from minisandbox.sandbox.sandbox import Sandbox
 
-    opened: AbstractAsyncContextManager[Sandbox]
     try:
-        if task:
-            from minisandbox.evaluation.validation import agent_sandbox
-
-            (spec,) = load_dataset(tasks, envs_dir, [task], allow_abs)
-            opened = agent_sandbox(make_builder(store, cache, mirror), spec)
+        opened = _open(
+            task,
+            tasks,
+            envs_dir,
+            store,
+            cache,
+            mirror,
+            allow_abs,
+            layer,
+            upper,
+            network,
+            ro,
+            workdir,
+        )
+        if sys.stdin.isatty():
+            code = run_async(_interactive_shell(opened))
         else:
-            opened = Sandbox(sandbox_config(layer, upper, network, ro, workdir))
-        code = run_async(_interactive_shell(opened))
+            code = run_async(_piped_shell(opened, sys.stdin.buffer.read()))
     except MiniSandboxError as e:
         fail(str(e))
     raise typer.Exit(code)
+
+
+def _open(
+    task: str | None,
+    tasks: str,
+    envs_dir: Path | None,
+    store: Path | None,
+    cache: Path | None,
+    mirror: Path | None,
+    allow_abs: bool,
+    layer: list[Path] | None,
+    upper: Path | None,
+    network: bool,
+    ro: list[Path] | None,
+    workdir: str,
+) -> AbstractAsyncContextManager[Sandbox]:
+    """The sandbox `shell` and `exec` run in: with a task, the agent's sandbox of that task
+    (built first if needed); otherwise a fresh one from the sandbox options."""
+    from minisandbox.sandbox.sandbox import Sandbox
+
+    if task:
+        from minisandbox.evaluation.validation import agent_sandbox
+
+        (spec,) = load_dataset(tasks, envs_dir, [task], allow_abs)
+        return agent_sandbox(make_builder(store, cache, mirror), spec)
+    return Sandbox(_layers_config(layer or [], upper, network, ro or [], workdir))
+
+
+# Where an environment layer keeps its venv (envs.layout.VENV).
+_LAYER_VENV = "opt/venv"
+
+
+def _layers_config(
+    layers: list[Path], upper: Path | None, network: bool, ro: list[Path], workdir: str
+) -> SandboxConfig:
+    """The sandbox options' SandboxConfig. A --layer or --ro that is not a directory is one
+    line; a layer holding a venv at /opt/venv (an environment layer) has it on PATH and the
+    host interpreter it was made from mounted read-only."""
+    for option, paths in (("--layer", layers), ("--ro", ro)):
+        for path in paths:
+            if not path.is_dir():
+                fail(f"{option} {path} is not a directory")
+    venv_layers = [p for p in layers if os.path.lexists(p / _LAYER_VENV / "bin" / "python")]
+    prefixes = [x for p in venv_layers if (x := _venv_interpreter(p, layers)) is not None]
+    extra = [x for x in dict.fromkeys(prefixes) if x not in ro]
+    config = sandbox_config(layers, upper, network, [*ro, *extra], workdir)
+    if venv_layers:
+        config = config.model_copy(update={"venv": "/" + _LAYER_VENV})
+    return config
+
+
+def _venv_interpreter(layer: Path, layers: list[Path]) -> Path | None:
+    """The host directory the venv of `layer` needs mounted at its own path: the prefix of
+    the interpreter its bin/python links to, or (a copied python) of pyvenv.cfg's `home`, or
+    (a self-contained install, envs/helpers/standalone.sh) of the standard library its
+    lib/pythonX.Y/os.py links to. None when the interpreter is in the layers themselves or
+    under /usr (always mounted)."""
+    venv = layer / _LAYER_VENV
+
+    def outside(path: Path) -> bool:
+        return path.exists() and not any(path.is_relative_to(p.resolve()) for p in layers)
+
+    real = Path(os.path.realpath(venv / "bin" / "python"))
+    home = _pyvenv_home(venv / "pyvenv.cfg")
+    stdlib = [Path(os.path.realpath(p)) for p in sorted(venv.glob("lib/python*/os.py"))]
+    if outside(real):
+        prefix = real.parent.parent  # <prefix>/bin/python3.X
+    elif home is not None and not any((p / home.relative_to("/")).exists() for p in layers):
+        prefix = home.resolve().parent  # <prefix>/bin
+    elif stdlib and outside(stdlib[0]):
+        prefix = stdlib[0].parents[2]  # <prefix>/lib/python3.X/os.py
+    else:
+        return None
+    if not prefix.is_dir() or prefix.is_relative_to("/usr") or prefix == Path("/"):
+        return None
+    return prefix
+
+
+def _pyvenv_home(cfg: Path) -> Path | None:
+    """pyvenv.cfg's `home =` (the interpreter's bin directory), if absolute."""
+    try:
+        lines = cfg.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home" and value.strip().startswith("/"):
+            return Path(value.strip())
+    return None
 
 
 async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> int:
@@ -87,6 +187,30 @@ async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> in
         finally:
             term.close()
     return 0
+
+
+# A piped-in script runs as long as it takes, as an interactive shell would (a command's
+# default timeout is Limits.command_timeout).
+_NO_TIMEOUT = 10 * 365 * 24 * 3600.0
+
+
+async def _piped_shell(opened: AbstractAsyncContextManager[Sandbox], script: bytes) -> int:
+    """Run `script` (the piped-in input) with a non-interactive bash: no prompt, no line
+    editing; its output streamed; bash's exit status returned."""
+    async with opened as sb:
+        result = await sb.execute(
+            ["/bin/bash", "--noprofile", "--norc", "-s"],
+            stdin=script,
+            timeout=_NO_TIMEOUT,
+            on_output=_stream,
+        )
+    return result.exit_code
+
+
+def _stream(fd: int, chunk: bytes) -> None:
+    out = sys.stdout.buffer if fd == 1 else sys.stderr.buffer
+    out.write(chunk)
+    out.flush()
 
 
 async def _relay(term: Terminal) -> None:
@@ -153,16 +277,38 @@ def exec_(
     timeout: float = typer.Option(
         None, "--timeout", "-t", help="Kill the command after this many seconds (exit code 124)."
     ),
+    task: str = typer.Option(None, "--task", help="Run it in this task's environment instead."),
+    tasks: str = typer.Option("examples", "--tasks", help="The dataset --task comes from."),
+    envs_dir: Path = EnvsOpt,
+    store: Path = StoreOpt,
+    cache: Path = CacheOpt,
+    mirror: Path = MirrorOpt,
+    allow_abs: bool = AbsPathsOpt,
 ) -> None:
     """Run one command in a fresh sandbox, stream its output, and exit with its exit code.
+    With --task ID: in that task's environment (built first if needed), as an agent sees it.
 
-    Example: minisandbox exec --layer ./env -- python -c 'print(1)'"""
+    Examples: minisandbox exec --layer ./env -- python -c 'print(1)';
+    minisandbox exec --task examples__semverkit-1 -- python -m pytest -q"""
     from minisandbox.errors import CommandTimeoutError, MiniSandboxError
 
-    config = sandbox_config(layer, upper, network, ro, workdir)
     stdin = None if sys.stdin.isatty() else sys.stdin.buffer.read()
     try:
-        code = run_async(_exec(config, command, timeout, stdin))
+        opened = _open(
+            task,
+            tasks,
+            envs_dir,
+            store,
+            cache,
+            mirror,
+            allow_abs,
+            layer,
+            upper,
+            network,
+            ro,
+            workdir,
+        )
+        code = run_async(_exec(opened, command, timeout, stdin))
     except CommandTimeoutError as e:
         typer.secho(f"minisandbox: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(124) from None
@@ -172,15 +318,11 @@ def exec_(
 
 
 async def _exec(
-    config: SandboxConfig, command: list[str], timeout: float | None, stdin: bytes | None
+    opened: AbstractAsyncContextManager[Sandbox],
+    command: list[str],
+    timeout: float | None,
+    stdin: bytes | None,
 ) -> int:
-    from minisandbox.sandbox.sandbox import Sandbox
-
-    def stream(fd: int, chunk: bytes) -> None:
-        out = sys.stdout.buffer if fd == 1 else sys.stderr.buffer
-        out.write(chunk)
-        out.flush()
-
-    async with Sandbox(config) as sb:
-        result = await sb.execute(command, timeout=timeout, stdin=stdin, on_output=stream)
+    async with opened as sb:
+        result = await sb.execute(command, timeout=timeout, stdin=stdin, on_output=_stream)
     return result.exit_code
