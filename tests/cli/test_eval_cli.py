@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -53,11 +54,15 @@ def _last_json(r: subprocess.CompletedProcess) -> dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _swebench_run_report(cwd: Path, preds: dict[str, dict], ids: list[str], run_id: str) -> dict:
-    """swebench's make_run_report over the report directory we wrote (it reads
-    logs/run_evaluation/<run_id> relative to the working directory and writes there too)."""
+def _swebench_run_report(
+    cwd: Path, run_dir: Path, preds: dict[str, dict], ids: list[str], run_id: str
+) -> dict:
+    """swebench's make_run_report over the report directory we wrote, `run_dir` (it reads
+    logs/run_evaluation/<run_id> relative to the working directory, `cwd`, and writes there
+    too: `run_dir` is copied there)."""
     from swebench.harness.reporting import make_run_report
 
+    shutil.copytree(run_dir, cwd / "logs" / "run_evaluation" / run_id)
     here = Path.cwd()
     os.chdir(cwd)
     try:
@@ -90,13 +95,17 @@ def _check_instance_report(out: Path, iid: str, resolved: bool) -> None:
 
 
 def test_eval_gold_resolves_every_example(settings, built, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    # The default report directory is swebench's, so its own run report can read it.
+    # The default report directory is laid out as swebench's, so its own run report can read it;
+    # it is the run's log directory beside the build logs, not in the current directory.
     r = _cli(settings, "eval", "examples", "--predictions", "gold", "--json", cwd=tmp_path)
     summary = _last_json(r)
     assert summary["total"] == 3 and summary["resolved_ids"] == EXAMPLES, summary
     assert summary["unresolved_ids"] == summary["error_ids"] == summary["empty_patch_ids"] == []
     assert summary["rewards"] == dict.fromkeys(EXAMPLES, 1.0)
-    run_dir = tmp_path / "logs" / "run_evaluation" / "minisandbox"
+    run_dir = settings.logs / "run_evaluation" / "minisandbox"
+    assert summary["logs"] == str(run_dir)
+    assert summary["report"] == str(run_dir / "gold.minisandbox.json")
+    assert not (tmp_path / "logs").exists()
     for iid in EXAMPLES:
         out = run_dir / "gold" / iid
         _check_instance_report(out, iid, resolved=True)
@@ -106,7 +115,7 @@ def test_eval_gold_resolves_every_example(settings, built, tmp_path: Path) -> No
         i: {"instance_id": i, "model_name_or_path": "gold", "model_patch": GOLD[i]}
         for i in EXAMPLES
     }
-    assert ours == _swebench_run_report(tmp_path, preds, EXAMPLES, "minisandbox")
+    assert ours == _swebench_run_report(tmp_path, run_dir, preds, EXAMPLES, "minisandbox")
     assert ours["resolved_instances"] == 3 and ours["schema_version"] == 2
 
 
@@ -136,21 +145,23 @@ def test_eval_predictions_file(settings, built, tmp_path: Path) -> None:  # type
     ]
     file = tmp_path / "preds.jsonl"
     file.write_text("".join(json.dumps(p) + "\n" for p in preds))
-    r = _cli(settings, "eval", "examples", "-p", str(file), "-j", "2", "--json", cwd=tmp_path)
+    run_id = f"preds-{tmp_path.name}"  # the store's logs are shared by the tests
+    r = _cli(settings, "eval", "examples", "-p", str(file), "-j", "2", "--run-id", run_id,
+             "--json", cwd=tmp_path)  # fmt: skip
     summary = _last_json(r)
     assert summary["total"] == 2, summary  # only predicted tasks are evaluated
     assert summary["resolved_ids"] == [good] and summary["error_ids"] == [bad]
     assert summary["rewards"] == {good: 1.0, bad: 0.0}
     assert "does not apply" in summary["reasons"][bad]
-    run_dir = tmp_path / "logs" / "run_evaluation" / "minisandbox"
+    run_dir = settings.logs / "run_evaluation" / run_id
     _check_instance_report(run_dir / "org__agent" / good, good, resolved=True)
     # Like swebench, an instance whose patch does not apply gets no report.json.
     assert not (run_dir / "org__agent" / bad / "report.json").exists()
     assert (run_dir / "org__agent" / bad / "patch.diff").read_text() == broken
     assert "does not apply" in (run_dir / "org__agent" / bad / "run_instance.log").read_text()
-    ours = json.loads((run_dir / "org__agent.minisandbox.json").read_text())
+    ours = json.loads((run_dir / f"org__agent.{run_id}.json").read_text())
     assert ours == _swebench_run_report(
-        tmp_path, {p["instance_id"]: p for p in preds}, [bad, good], "minisandbox"
+        tmp_path, run_dir, {p["instance_id"]: p for p in preds}, [bad, good], run_id
     )
     assert unpredicted not in ours["submitted_ids"]
 

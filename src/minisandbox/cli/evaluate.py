@@ -34,6 +34,7 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
     from minisandbox.tasks.specs import Task
 
 
+# long: a typer command; its options and help text are declarations, its body is 20 lines
 def eval_(
     tasks: str = TasksArg,
     predictions: str = typer.Option(
@@ -49,8 +50,9 @@ def eval_(
     report: Path = typer.Option(
         None,
         "--report",
-        help="Directory of the reports, laid out as SWE-bench's (default: "
-        "logs/run_evaluation/<run id>).",
+        help="Directory of the reports, laid out as SWE-bench's (default: the run's log "
+        "directory, <logs>/run_evaluation/<run id>, with the build logs in <logs>: logs/ beside "
+        "the store, ~/.cache/minisandbox/logs unless MINISANDBOX_STORE moves it).",
     ),
     run_id: str = typer.Option("minisandbox", "--run-id", help="Names the run's summary file."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds the tests may take."),
@@ -66,27 +68,34 @@ def eval_(
 
     Only tasks with a prediction are evaluated (their layers are built first when missing).
     Writes SWE-bench's per-instance report.json, test_output.txt and patch.diff under
-    --report/<model>/<instance_id>/ as each instance finishes, and its run summary at
-    --report/<model>.<run id>.json at the end. Exits 0 whatever the verdicts; 2 on bad input
-    or when a write fails (disk full, quota, read-only, permission): then the run stops, the
-    reports of the instances finished so far stay, and no summary is written."""
+    <logs>/run_evaluation/<run id>/<model>/<instance_id>/ as each instance finishes, next to
+    the build logs in <logs> (logs/ beside the store; never the current directory), and
+    the same under --report/<model>/<instance_id>/ when --report is given; the run summary
+    goes to --report/<model>.<run id>.json at the end (default: the run's log directory).
+    Exits 0 whatever the verdicts; 2 on bad input or when a write fails (disk full, quota,
+    read-only, permission): then the run stops, the reports of the instances finished so far
+    stay, and no summary is written."""
     from minisandbox.errors import MiniSandboxError
+    from minisandbox.evaluation.predictions import run_log_dir
     from minisandbox.tasks.specs import path_name_problem
 
     problem = path_name_problem(run_id)
     if problem is not None:
         fail(f"--run-id {run_id!r} {problem}: it names the run's directory and summary file")
-    report_dir = report or Path("logs") / "run_evaluation" / run_id
-    place("report", report_dir, "--report")
     written: list[str] = []
     try:
         preds, loaded = _predictions_and_tasks(predictions, tasks, ids, envs_dir, allow_abs)
         builder = make_builder(store, cache, mirror)
-        _check_writable(report_dir)  # before hours of evaluation, not after
-        results = run_async(
-            _eval_all(builder, loaded, preds, report_dir, jobs, timeout, quiet, written)
-        )
-        _eval_summary(loaded, preds, results, report_dir, run_id, json_out)
+        # The run's logs go with the build logs, whatever the current directory.
+        log_dir = run_log_dir(builder.settings.logs, run_id)
+        place("logs", log_dir, "MINISANDBOX_STORE (--store)")
+        report_dir = report or log_dir
+        place("report", report_dir, "--report")
+        dirs = list(dict.fromkeys([log_dir, report_dir]))  # once each, when they are the same
+        for d in dirs:
+            _check_writable(d)  # before hours of evaluation, not after
+        results = run_async(_eval_all(builder, loaded, preds, dirs, jobs, timeout, quiet, written))
+        _eval_summary(loaded, preds, results, report_dir, log_dir, run_id, json_out)
     except MiniSandboxError as e:
         fail(str(e))
     except OSError as e:
@@ -146,20 +155,20 @@ async def _eval_all(
     builder: Builder,
     tasks: list[Task],
     preds: dict[str, Prediction],
-    report_dir: Path,
+    report_dirs: list[Path],
     jobs: int,
     timeout: float,
     quiet: bool,
     written: list[str],
 ) -> dict[str, EvalResult]:
-    """Build, then evaluate, writing each instance's report as soon as it is known (into
-    `written`, the ids whose report is complete). The first failed write stops the run: the
-    running evaluations are cancelled (their sandboxes stopped), and the OSError is raised.
-    Each instance's phases and verdict go to stderr unless `quiet`."""
+    """Build, then evaluate, writing each instance's report into each of `report_dirs` as soon
+    as it is known (into `written`, the ids whose report is complete). The first failed write
+    stops the run: the running evaluations are cancelled (their sandboxes stopped), and the
+    OSError is raised. Each instance's phases and verdict go to stderr unless `quiet`."""
     todo = [t for t in tasks if t.id in preds]
     with Progress("evaluating", len(todo), quiet) as progress:
         return await _build_and_eval(
-            builder, todo, preds, report_dir, jobs, timeout, written, progress
+            builder, todo, preds, report_dirs, jobs, timeout, written, progress
         )
 
 
@@ -167,7 +176,7 @@ async def _build_and_eval(
     builder: Builder,
     todo: list[Task],
     preds: dict[str, Prediction],
-    report_dir: Path,
+    report_dirs: list[Path],
     jobs: int,
     timeout: float,
     written: list[str],
@@ -191,7 +200,8 @@ async def _build_and_eval(
     by_id = {t.id: t for t in todo}
 
     def write(r: EvalResult) -> None:
-        write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+        for report_dir in report_dirs:
+            write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
         written.append(r.instance_id)
 
     for r in results.values():
@@ -216,6 +226,7 @@ def _eval_summary(
     preds: dict[str, Prediction],
     results: dict[str, EvalResult],
     report_dir: Path,
+    log_dir: Path,
     run_id: str,
     json_out: bool,
 ) -> None:
@@ -244,11 +255,12 @@ def _eval_summary(
                     "reasons": {i: r.reason for i, r in results.items() if r.reason},
                     "model": model,
                     "report": str(summary_path),
+                    "logs": str(log_dir),
                 }
             )
         )
     else:
-        _eval_table(model, results, by_status, report_dir, summary_path)
+        _eval_table(model, results, by_status, report_dir, log_dir, summary_path)
 
 
 def _eval_table(
@@ -256,6 +268,7 @@ def _eval_table(
     results: dict[str, EvalResult],
     by_status: dict[str, list[str]],
     report_dir: Path,
+    log_dir: Path,
     summary_path: Path,
 ) -> None:
     from rich.console import Console
@@ -276,4 +289,5 @@ def _eval_table(
         f"resolved {len(by_status['resolved'])}/{len(results)}, unresolved "
         f"{len(by_status['unresolved'])}, error {len(by_status['error'])}; "
         f"reports in {report_dir}, summary {summary_path}"
+        + (f", logs in {log_dir}" if log_dir != report_dir else "")
     )

@@ -59,4 +59,9 @@ class BuildSettings(BaseModel):
 
     @property
     def logs(self) -> Path:
+        """The logs: `<store's parent>/logs` for a store named `store` (the default,
+        `~/.cache/minisandbox/logs`), else `<store>/logs`. Build steps' logs go to
+        `<logs>/<what is built>/`, `minisandbox eval`'s to
+        `<logs>/run_evaluation/<run id>/<model>/<instance id>/` (the harness's layout); nothing
+        goes to the current directory."""
         return self.store.parent / "logs" if self.store.name == "store" else self.store / "logs"

@@ -4,7 +4,8 @@ A prediction is `{"instance_id", "model_name_or_path", "model_patch"}`. A predic
 JSON list of them, a JSON object keyed by instance id (SWE-agent's), or JSONL. `gold` and `empty`
 stand for each task's gold patch and for no patch.
 
-Reports are laid out as the harness's `logs/run_evaluation/<run_id>`: per instance
+Reports are laid out as the harness's `logs/run_evaluation/<run_id>` (`run_log_dir`: under the
+builder's logs directory, `BuildSettings.logs`, not the current directory): per instance
 `<model>/<instance_id>/{report.json, test_output.txt, patch.diff, eval.sh, run_instance.log}`,
 and a run summary as its `make_run_report` writes it. As there, an instance whose evaluation
 errored (e.g. the patch does not apply) has no report.json, and an empty patch is counted apart.
@@ -165,6 +166,13 @@ def special_predictions(kind: str, tasks: list[Task]) -> dict[str, Prediction]:
 
 def model_dir(model: str) -> str:
     return model.replace("/", "__")  # as the harness names it
+
+
+def run_log_dir(logs: Path, run_id: str) -> Path:
+    """The evaluation logs of run `run_id`, laid out as the harness's
+    `logs/run_evaluation/<run_id>` but under `logs` (`BuildSettings.logs`, with the build logs),
+    so that no run writes into the current directory."""
+    return logs / "run_evaluation" / run_id
 
 
 def write_file(path: Path, text: str) -> None:
