@@ -113,3 +113,18 @@ def test_a_missing_layer_is_one_line(tmp_path: Path) -> None:
         err = r.stderr.decode()
         assert r.returncode == 2 and len(err.splitlines()) == 1, err
         assert err.startswith(f"minisandbox: {option} ") and "not a directory" in err, err
+
+
+def test_exec_task_says_what_it_builds_on_stderr(settings: BuildSettings, tmp_path: Path) -> None:
+    """On a cold store the task's layers are built first (long): its phases go to stderr, one
+    line each, and stdout holds only the command's output; with --quiet, nothing is said."""
+    args = ["exec", *TASK, "--", "echo", "ok"]
+    for quiet in (False, True):
+        env = _env_for(settings)  # a cold store each time: both runs build
+        cold = tmp_path / ("quiet" if quiet else "loud")
+        env.update(MINISANDBOX_STORE=str(cold / "store"), MINISANDBOX_CACHE=str(cold / "cache"))
+        r = _cli(env, *([*args[:5], "--quiet", *args[5:]] if quiet else args))
+        assert r.returncode == 0 and r.stdout == b"ok\n", r.stderr.decode()[-2000:]
+        lines = r.stderr.decode().splitlines()
+        said = [f"examples__semverkit-1: {p}" in lines for p in ("building env", "building task")]
+        assert said == [not quiet, not quiet], r.stderr.decode()[-2000:]

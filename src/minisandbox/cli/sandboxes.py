@@ -22,6 +22,7 @@ from minisandbox.cli.app import (
     LayerOpt,
     MirrorOpt,
     NetworkOpt,
+    QuietOpt,
     RoOpt,
     StoreOpt,
     UpperOpt,
@@ -51,6 +52,7 @@ def shell(
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
     allow_abs: bool = AbsPathsOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Open an interactive bash in a fresh sandbox. Everything is gone when you exit, unless you
     pass --upper DIR. With --task ID: in that task's environment (built first if needed).
@@ -73,6 +75,7 @@ def shell(
             network,
             ro,
             workdir,
+            quiet,
         )
         if sys.stdin.isatty():
             code = run_async(_interactive_shell(opened))
@@ -96,6 +99,7 @@ def _open(
     network: bool,
     ro: list[Path] | None,
     workdir: str,
+    quiet: bool = False,
 ) -> AbstractAsyncContextManager[Sandbox]:
     """The sandbox `shell` and `exec` run in: with a task, the agent's sandbox of that task
     (built first if needed); otherwise a fresh one from the sandbox options."""
@@ -105,7 +109,9 @@ def _open(
         from minisandbox.evaluation.validation import agent_sandbox
 
         (spec,) = load_dataset(tasks, envs_dir, [task], allow_abs)
-        return agent_sandbox(make_builder(store, cache, mirror), spec)
+        # A cold store builds first (minutes): say so on stderr, not a blank screen.
+        on_phase = None if quiet else _phase_on_stderr
+        return agent_sandbox(make_builder(store, cache, mirror), spec, on_phase=on_phase)
     return Sandbox(_layers_config(layer or [], upper, network, ro or [], workdir))
 
 
@@ -170,6 +176,10 @@ def _pyvenv_home(cfg: Path) -> Path | None:
         if sep and key.strip() == "home" and value.strip().startswith("/"):
             return Path(value.strip())
     return None
+
+
+def _phase_on_stderr(task_id: str, phase: str) -> None:
+    print(f"{task_id}: {phase}", file=sys.stderr, flush=True)
 
 
 async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> int:
@@ -284,6 +294,7 @@ def exec_(
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
     allow_abs: bool = AbsPathsOpt,
+    quiet: bool = QuietOpt,
 ) -> None:
     """Run one command in a fresh sandbox, stream its output, and exit with its exit code.
     With --task ID: in that task's environment (built first if needed), as an agent sees it.
@@ -307,6 +318,7 @@ def exec_(
             network,
             ro,
             workdir,
+            quiet,
         )
         code = run_async(_exec(opened, command, timeout, stdin))
     except CommandTimeoutError as e:

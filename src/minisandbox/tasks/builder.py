@@ -312,10 +312,12 @@ class Builder(LayerBuilder):
         build: bool = True,
         evaluation: bool = False,
         extra_env: dict[str, str] | None = None,
+        on_phase: Callable[[str, str], None] | None = None,
     ) -> TaskLayers:
         """The task's layers as data for `launch`: built first when missing and `build` is
-        true; `evaluation` adds those only evaluation may see (EVAL_WHEELHOUSE); `extra_env`
-        is added to the recipe's environment variables.
+        true (`on_phase` is told its phases, as `build`'s); `evaluation` adds those only
+        evaluation may see (EVAL_WHEELHOUSE); `extra_env` is added to the recipe's environment
+        variables.
 
         Raises:
             TaskNotBuiltError: not built, and `build` is false.
@@ -330,7 +332,7 @@ class Builder(LayerBuilder):
         if found is None:
             if not build:
                 raise TaskNotBuiltError(f"task {task.id} is not built; run `minisandbox build`")
-            result = await self.build(task)
+            result = await self.build(task, on_phase=on_phase)
             if result.status == "failed" or not result.env_layer or not result.task_layer:
                 raise TaskBuildError(f"building task {task.id} failed: {result.error}")
             found = (result.env_layer, result.task_layer)
@@ -359,6 +361,7 @@ class Builder(LayerBuilder):
         build: bool = True,
         extra_env: dict[str, str] | None = None,
         evaluation: bool = False,
+        on_phase: Callable[[str, str], None] | None = None,
         **overrides: Any,
     ) -> AsyncIterator[Sandbox]:
         """A sandbox of the task: `layers` (see there), then `launch`. `overrides` are more
@@ -377,6 +380,8 @@ class Builder(LayerBuilder):
                 "minisandbox.evaluation.validation.agent_sandbox(builder, task, "
                 "require_validated=...)"
             )
-        layers = await self.layers(task, build=build, evaluation=evaluation, extra_env=extra_env)
+        layers = await self.layers(
+            task, build=build, evaluation=evaluation, extra_env=extra_env, on_phase=on_phase
+        )
         async with launch(self, layers, **overrides) as sb:
             yield sb
