@@ -19,6 +19,7 @@ from minisandbox.cli.app import (
     QuietOpt,
     StoreOpt,
     TasksArg,
+    add_columns,
     fail,
     load_dataset,
     make_builder,
@@ -276,8 +277,7 @@ def _eval_table(
 
     console = Console()
     table = Table(title=f"evaluation of {model}")
-    for col in ("instance", "status", "reward", "seconds", "reason"):
-        table.add_column(col)
+    add_columns(table, ("instance", "status", "reward", "seconds", "reason"), results)
     for i, r in results.items():
         colour = {"resolved": "green", "unresolved": "yellow", "error": "red"}[r.status]
         reason = r.reason.splitlines()[0][:160] if r.reason else ""
