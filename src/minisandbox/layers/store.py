@@ -298,11 +298,6 @@ class LayerStore(StoreLayout):
     def meta(self, layer_id: str) -> dict[str, Any] | None:
         return self.info(layer_id).meta
 
-    def set_meta(self, layer_id: str, meta: dict[str, Any] | None) -> None:
-        """Replace the layer's meta (atomically; concurrent setters: the last one wins)."""
-        with self.meta_lock(layer_id):
-            self._write_info(self.info(layer_id).model_copy(update={"meta": meta}))
-
     def update_meta(
         self, layer_id: str, update: Callable[[dict[str, Any]], dict[str, Any]]
     ) -> dict[str, Any]:
@@ -311,7 +306,7 @@ class LayerStore(StoreLayout):
         the new one, which is written atomically and returned. Concurrent updates, from threads
         or processes sharing the store, apply one after the other: none is lost. `update` must
         be quick and must not itself read-modify-write this layer's meta (the lock does not
-        nest). LayerNotFoundError when there is no such layer."""
+        nest: MetaLockHeldError). LayerNotFoundError when there is no such layer."""
         with self.meta_lock(layer_id):
             ref = self.info(layer_id)
             new = update(copy.deepcopy(ref.meta) if ref.meta is not None else {})
