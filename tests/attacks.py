@@ -411,23 +411,29 @@ async def attack_upload_symlink_to_host_secret(ctx: AttackContext) -> None:
 
 @attack
 async def attack_plant_symlinks_in_channel_dir(ctx: AttackContext) -> None:
-    """The supervisor creates FIFOs and files in /run/minisandbox, which the sandbox can write:
-    symlinks swapped in for them, as fast as the sandbox can, must not steer it to host files.
-    (Names are random per request, so a racing swapper is the strongest form of this attack.)"""
+    """The host creates FIFOs and files in /run/minisandbox: a process inside that swaps
+    symlinks (to host files) in for them, as fast as it can, must get nowhere. The directory is
+    read-only inside, so every swap fails and every request keeps working. (Names are random
+    per request, so a racing swapper is the strongest form of this attack.)"""
     created = Path(ctx.scratch_dir) / f"created-by-sandbox-{secrets.token_hex(4)}"
     src = scratch_subdir(ctx, "upload-")
     (src / "f.txt").write_text("f\n")
     async with Sandbox(SandboxConfig()) as sb:
+        # Counts the channel files it saw (/tmp/seen) and those it replaced (/tmp/swapped).
         swapper = """
             cd /run/minisandbox || exit 1
-            i=0
+            seen=0 swapped=0
             while :; do
                 for name in *; do
                     [ -e "$name" ] && [ ! -L "$name" ] || continue
-                    i=$((i + 1))
-                    rm -f "$name"
-                    ln -sf "$([ $((i % 2)) = 0 ] && echo "$T1" || echo "$T2")" "$name"
-                    echo "$i" > /tmp/swapped
+                    seen=$((seen + 1))
+                    target=$([ $((seen % 2)) = 0 ] && echo "$T1" || echo "$T2")
+                    if ln -sf "$target" "$name" 2>/dev/null; then
+                        swapped=$((swapped + 1))
+                    fi
+                    # Whole files or none: a reader never sees one half written.
+                    echo "$seen" > /tmp/seen.new && mv /tmp/seen.new /tmp/seen
+                    echo "$swapped" > /tmp/swapped.new && mv /tmp/swapped.new /tmp/swapped
                 done
             done
             """
@@ -442,35 +448,27 @@ async def attack_plant_symlinks_in_channel_dir(ctx: AttackContext) -> None:
             env=env,
         )
         assert r.stdout == "started\n", f"the swapper did not start: {r.output}"
-        session = None
+        session = await sb.create_session()
 
-        # At least 25 rounds, and on until the swapper has swapped (a busy machine may not
-        # schedule it for a while): progress decides, not time.
-        async def swapped_yet() -> bool:
-            with contextlib.suppress(MiniSandboxError, OSError):  # the swapper may get this one
-                r = await sb.execute("cat /tmp/swapped 2>/dev/null")
-                return r.stdout.strip().isdigit() and int(r.stdout) > 0
-            return False
+        async def count(name: str) -> int:
+            r = await sb.execute(f"cat /tmp/{name} 2>/dev/null || echo 0")
+            return int(r.stdout)
 
-        rounds, deadline = 0, time.monotonic() + 600
-        while rounds < 25 or (not await swapped_yet() and time.monotonic() < deadline):
+        # At least 25 rounds, and on until the swapper has seen a channel file (a busy machine
+        # may not schedule it for a while): progress decides, not time. Every request must
+        # work throughout: the swapper cannot touch what they use.
+        rounds = 0
+        while rounds < 25 or not await count("seen"):
             rounds += 1
-            for op in (
-                lambda: sb.execute("echo hi", stdin="pwned\n"),
-                lambda: sb.write_file("/testbed/x", "pwned\n"),
-                lambda: sb.upload(src, "/testbed/up"),
-            ):
-                with contextlib.suppress(MiniSandboxError, OSError):
-                    await op()
-            with contextlib.suppress(MiniSandboxError, OSError):
-                session = session or await sb.create_session()
-                await session.run("echo pwned", timeout=5)
-        # Positive control: the swapper really swapped; without it, commands work again.
+            r = await sb.execute("cat", stdin="pwned\n")
+            assert r.stdout == "pwned\n", f"a command failed under the swapper: {r}"
+            await sb.write_file("/testbed/x", "pwned\n")
+            await sb.upload(src, "/testbed/up")
+            assert (await session.run("echo pwned")).output == "pwned\n"
+        swapped = await count("swapped")
         await sb.execute(["pkill", "-f", "swapped"])
-        swapped = await sb.execute("cat /tmp/swapped")
-        assert int(swapped.stdout or 0) > 0, "the swapper never replaced a channel file"
-        r = await sb.execute("echo hi")
-        assert r.stdout == "hi\n", f"the sandbox no longer runs commands: {r}"
+        assert swapped == 0, f"the sandbox replaced {swapped} channel files"
+        assert (await sb.read_file("/testbed/up/f.txt")) == b"f\n"
     assert read_host(ctx.scratch_file) == ctx.scratch_content, "the host scratch file changed"
     assert not os.path.lexists(created), f"the supervisor created {created} on the host"
 

@@ -14,10 +14,9 @@ waiting job is logged and dropped. When the channel closes (the shell exited, or
 stopped reading), every waiter left fails with the reason its owner gives.
 
 Data other than control lines goes through the channel directory (IO_DIR inside): FIFOs for
-output, files for input and for control lines longer than one line. The host creates and opens
-them only relative to a descriptor of that directory, never following a symlink and never
-opening an existing file for writing, so nothing the sandbox writes there can steer the host to
-one of its own paths.
+output, files for input. It is read-only inside, so the sandbox cannot plant, swap or remove
+anything in it; even so, the host creates and opens them only relative to a descriptor of that
+directory, never following a symlink and never opening an existing file for writing.
 
 Every control line is built here, `env_words` being the one quoting of environment variables.
 """
@@ -44,6 +43,7 @@ from minisandbox.errors import (
 )
 from minisandbox.sandbox import procs
 from minisandbox.sandbox.rootfs import IO_DIR, RESET_SIGNALS
+from minisandbox.utils.aio import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,9 @@ def new_id() -> str:
 
 
 def quote(word: str) -> str:
-    """`word` as one word for the control shell."""
-    return shlex.quote(word)
+    """`word` as one word for the control shell, on one line: a newline is spelled `"$N"`
+    (a variable of the control shell holding one), since the shell reads a line at a time."""
+    return shlex.quote(word).replace("\n", "'\"$N\"'")
 
 
 def env_words(env: Mapping[str, str]) -> str:
@@ -225,27 +226,21 @@ class ControlChannel:
         """Stop reading replies; the waiters left fail. Idempotent."""
         task = self._task
         if task is not None and task is not asyncio.current_task():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            await cancel_and_wait([task])
         if self._closed is None:  # never started
             self._fail_waiters()
 
     # ---------------------------------------------------------------- requests
 
     def send(self, line: str) -> None:
-        """Have the control shell evaluate `line` (a line with newlines goes as a file).
+        """Have the control shell evaluate `line`, one line built with `quote`.
 
         Raises:
             SandboxNotRunningError: the channel is closed.
         """
         if self._closed is not None:
             raise SandboxNotRunningError(f"the control channel is closed: {self._closed}")
-        if "\n" in line:  # the control shell reads lines: hand it a multi-line one as a file
-            name = f"ctl-{new_id()}"
-            self.files.write(name, line.encode())
-            path = quote(ChannelDir.inside(name))
-            line = f". {path}; rm -f {path}"
+        assert "\n" not in line, "control lines are one line: words go through quote()"
         self._writer.write(line.encode() + b"\n")
 
     def _expect(self, exits: bool) -> Job:

@@ -164,7 +164,9 @@ def build_plan(
         for d in reversed(inside_tmpfs):
             a += ["--perms", "0755", "--dir", d]
         ro(str(path))
-    a += ["--bind", str(io_dir), IO_DIR]
+    # Read-only inside: nothing in the sandbox can plant, swap or remove a channel file (the
+    # host creates them; FIFOs stay writable on a read-only mount).
+    a += ["--ro-bind", str(io_dir), IO_DIR]
     plan.destinations.append(IO_DIR)
     return plan
 
