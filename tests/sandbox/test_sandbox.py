@@ -6,8 +6,8 @@ import asyncio
 import errno
 import os
 import pickle
-import shlex
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -77,6 +77,23 @@ async def test_timeout_kills_the_process_group(sandbox: Sandbox) -> None:
         await sandbox.execute("echo started; sleep 100 & sleep 100", timeout=0.5)
     assert time.monotonic() - began < 10
     assert "started" in info.value.output
+    ps = await sandbox.execute("ps -eo args")
+    assert "sleep 100" not in ps.stdout
+    assert (await sandbox.execute("echo alive")).stdout == "alive\n"
+
+
+async def test_a_cancelled_command_is_killed_and_the_cancellation_goes_on(
+    sandbox: Sandbox,
+) -> None:
+    """A caller that gives up on a command (an episode's deadline) leaves nothing running."""
+    up = asyncio.Event()
+    task = asyncio.ensure_future(
+        sandbox.execute("echo up; sleep 100 & sleep 100", on_output=lambda _fd, data: up.set())
+    )
+    await up.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
     ps = await sandbox.execute("ps -eo args")
     assert "sleep 100" not in ps.stdout
     assert (await sandbox.execute("echo alive")).stdout == "alive\n"
@@ -472,7 +489,11 @@ async def test_malformed_control_reply_fails_its_waiter_not_a_success(tmp_path: 
 def test_env_words_is_the_one_quoting_and_refuses_bad_names() -> None:
     value = "a b 'c' \"d\" $(touch /x) `e` \\f\ng"
     words = env_words({"A": value, "-S": "x"})
-    assert shlex.split(words) == [f"A={value}", "-S=x"]
+    assert "\n" not in words  # the control shell reads a line at a time
+    # As the control shell reads them: N holds a newline (helpers/control.sh).
+    split = 'N="$(printf "\\nx")"; N="${N%x}"; eval "set -- $1"; printf "%s\\0" "$@"'
+    out = subprocess.run(["/bin/sh", "-c", split, "sh", words], capture_output=True, check=True)
+    assert out.stdout.decode().split("\0")[:-1] == [f"A={value}", "-S=x"]
     for bad in ({"": "x"}, {"A=B": "x"}, {"A": "x\0"}):
         with pytest.raises(InvalidCommandError):
             env_words(bad)

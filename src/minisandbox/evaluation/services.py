@@ -28,6 +28,7 @@ from minisandbox.errors import MiniSandboxError, ServiceError
 from minisandbox.evaluation.runner import CommandRunner
 from minisandbox.tasks.service_specs import check_services, parse_service, web_root
 from minisandbox.tasks.specs import Task
+from minisandbox.utils.aio import cancel_and_wait
 from minisandbox.utils.resources import package_text
 
 READY_TIMEOUT = 60.0
@@ -139,9 +140,7 @@ async def _serve(
         except (asyncio.TimeoutError, MiniSandboxError):
             if pid:
                 await sb.execute(f"kill -KILL {shlex.quote(pid)} 2>/dev/null")
-            server.cancel()
-            with contextlib.suppress(BaseException):
-                await server
+            await cancel_and_wait([server])
 
 
 async def _serve_names(sb: CommandRunner, names: list[str], hosts_path: str) -> None:

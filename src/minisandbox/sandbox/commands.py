@@ -12,7 +12,6 @@ from the host, see procs.kill_tree).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import os
 import secrets
@@ -25,6 +24,7 @@ from minisandbox.errors import CommandTimeoutError, InvalidCommandError
 from minisandbox.sandbox import procs
 from minisandbox.sandbox.channel import ChannelDir, ControlChannel, Job, new_id
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
+from minisandbox.utils.aio import settle
 
 
 class ExecResult(BaseModel):
@@ -187,10 +187,13 @@ class CommandExecutor:
         assert job.exited is not None
         try:
             exit_code = await asyncio.wait_for(asyncio.shield(job.exited), timeout)
+        except asyncio.CancelledError:
+            # Our caller gave up on it (an episode's deadline, say): it does not run on.
+            await self._kill(job.started, mark)
+            raise
         except asyncio.TimeoutError:
             await self._kill(job.started, mark)
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(job.exited, 5)
+            await settle([job.exited], 5)
             for fd, sink in sinks.items():
                 _drain_into(fd, sink)
             raise CommandTimeoutError(
@@ -206,8 +209,7 @@ class CommandExecutor:
         descendants, and what left both but still carries its marker (see procs.kill_tree for
         the one gap). Done from the host, which sees the processes that escaped the command's
         session; the control shell's `kill`/`pkill` is the fallback if the host cannot look."""
-        with contextlib.suppress(BaseException):  # the start is reported at once, if at all
-            await asyncio.wait_for(asyncio.shield(started), 5)
+        await settle([started], 5)  # the start is reported at once, if at all
         ok = started.done() and not started.cancelled() and started.exception() is None
         pid = started.result() if ok else None
         try:

@@ -47,6 +47,7 @@ from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
 from minisandbox.sandbox.rootfs import DEFAULT_PATH, MountPlan, build_plan, check_destinations
 from minisandbox.sandbox.seccomp import build_filter
 from minisandbox.sandbox.session import ShellSession
+from minisandbox.utils.aio import cancel_and_wait, settle
 
 __all__ = ["READ_MAX_BYTES", "ExecResult", "Sandbox"]
 
@@ -261,9 +262,7 @@ class Sandbox(FileOperations):
         assert self._proc is not None
         await self._proc.wait()
         await asyncio.sleep(0)  # let the stderr drain finish
-        for t in self._tasks:
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(t, 1)
+        await settle(self._tasks, 1)
         msg = explain_bwrap_failure(decode(self._stderr.getvalue()))
         raise SandboxStartError(f"bwrap failed (exit {self._proc.returncode}): {msg}")
 
@@ -362,11 +361,7 @@ class Sandbox(FileOperations):
         if self._channel is not None:
             await self._channel.close()
         current = asyncio.current_task()
-        for t in self._tasks:
-            if t is not current:
-                t.cancel()
-                with contextlib.suppress(BaseException):
-                    await t
+        await cancel_and_wait(t for t in self._tasks if t is not current)
         self._remove_dirs()
 
     def _remove_dirs(self) -> None:

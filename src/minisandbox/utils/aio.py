@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -27,3 +27,24 @@ async def all_or_none(coros: Iterable[Awaitable[T]]) -> list[T]:
     if first is not None:
         raise first
     return [t.result() for t in tasks]
+
+
+async def settle(aws: Iterable[Awaitable[object]], timeout: float | None = None) -> None:
+    """Wait up to `timeout` for `aws` to finish, however they end (their errors are retrieved
+    and dropped; those still running are left running). Unlike `suppress(BaseException)`
+    around an await, our own cancellation still propagates."""
+    futures = [asyncio.ensure_future(a) for a in aws]
+    if not futures:
+        return
+    done, _ = await asyncio.wait(futures, timeout=timeout)
+    for f in done:
+        if not f.cancelled():
+            f.exception()  # retrieved: an error nobody awaited is not logged
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel `tasks` and wait until they are over; our own cancellation still propagates."""
+    tasks = list(tasks)
+    for t in tasks:
+        t.cancel()
+    await settle(tasks)
