@@ -115,13 +115,27 @@ async def test_interrupt_restarts_a_shell_that_ignores_sigint(rt: MiniSandboxRun
     await rt.write_file(WriteFileRequest(path="/root/rc", content="export FROM_RC=yes\n"))
     await rt.create_session(CreateBashSessionRequest(session="loop", startup_source=["/root/rc"]))
     assert await run(rt, "cd /tmp; X=1; echo $FROM_RC", session="loop") == ("yes\n", 0)
-    loop = "trap '' INT; while :; do sleep 0.1; done"
+    # The shell itself loops (no child to stop or kill): neither Ctrl-C nor Ctrl-Z ends it.
+    loop = "trap '' INT; while :; do read -r -t 0.1 _; done"
     with pytest.raises(CommandTimeoutError):
         await rt.run_in_session(BashAction(command=loop, session="loop", timeout=0.5))
     o = await rt.run_in_session(BashInterruptAction(session="loop", timeout=1))
     assert "restarted" in o.output and "state is lost" in o.output, o.output
     out, code = await run(rt, "echo $FROM_RC ${X:-unset} $PWD", session="loop")
     assert code == 0 and out.startswith("yes unset ") and out != "yes unset /tmp\n", out
+
+
+async def test_interrupting_a_pager_reports_the_job_as_bash_does(rt: MiniSandboxRuntime) -> None:
+    """As in swerex: a pager that ignores Ctrl-C is stopped (Ctrl-Z) and killed, and bash says
+    so: "Stopped", then "Killed" (at a prompt: in the interrupt's output, or the next one's)."""
+    with pytest.raises(CommandTimeoutError):
+        await rt.run_in_session(BashAction(command="echo x | less -+F", timeout=0.5))
+    o = await rt.run_in_session(BashInterruptAction())
+    assert o.exit_code == 0 and "Stopped" in o.output and "less -+F" in o.output, o.output
+    out, code = await run(rt, "echo next")
+    assert code == 0 and out.startswith("next\n"), out
+    assert (o.output + out).count("Killed") == 1, (o.output, out)
+    assert await run(rt, "jobs; echo done") == ("done\n", 0)
 
 
 async def test_interactive_program(rt: MiniSandboxRuntime) -> None:

@@ -57,7 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from minisandbox import errors
 from minisandbox.sandbox.sandbox import Sandbox
-from minisandbox.sandbox.session import PROMPT_HOOK, ShellSession
+from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult, ShellSession
 from minisandbox.sandbox.sync import on_loop
 
 __all__ = ["PS1", "MiniSandboxRuntime"]
@@ -225,7 +225,7 @@ class MiniSandboxRuntime(AbstractRuntime):
                 # Ctrl-C to a program that keeps running (a REPL): wait for its prompt.
                 r = await shell.send("\x03", expect=action.expect, timeout=timeout)
             else:
-                r = await shell.interrupt(timeout=timeout)
+                r = await _stop_foreground_job(shell, timeout)
             if r.restarted and session.startup is not None:
                 # A fresh shell, as create_session left it: the startup files again.
                 command, startup_timeout = session.startup
@@ -344,3 +344,31 @@ class MiniSandboxRuntime(AbstractRuntime):
 
 
 # ---------------------------------------------------------------- deployment
+
+
+async def _stop_foreground_job(shell: ShellSession, timeout: float) -> SessionResult:
+    """swerex's interrupt of a plain command: Ctrl-C; if the prompt does not come back (a
+    pager, a program that ignores SIGINT), Ctrl-Z and `kill -9` of that job, so that bash
+    reports it "Stopped", then "Killed", as it does in swerex. Where even Ctrl-Z brings no
+    prompt, ShellSession.interrupt kills the job, or restarts the shell.
+
+    Raises:
+        CommandTimeoutError, SessionError: as ShellSession.interrupt.
+    """
+    try:
+        return await shell.send("\x03", timeout=timeout)
+    except errors.CommandTimeoutError:
+        pass
+    try:
+        stopped = await shell.send("\x1a", timeout=timeout)
+    except errors.CommandTimeoutError:
+        return await shell.interrupt(timeout=timeout)
+    printed = [stopped.output, (await shell.send("kill -9 %%\n", timeout=timeout)).output]
+    # bash reports the job's end at a prompt once it has reaped it: a few empty lines give it
+    # the chance (bounded: otherwise the report comes with the next command, as in bash).
+    for _ in range(20):
+        if "Killed" in "".join(printed):
+            break
+        await asyncio.sleep(0.05)
+        printed.append((await shell.send("\n", timeout=timeout)).output)
+    return SessionResult(output="".join(printed), exit_code=0)
