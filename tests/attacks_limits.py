@@ -86,6 +86,35 @@ async def attack_upper_inode_flood(ctx: AttackContext) -> None:
         await sb.stop()
 
 
+@attack
+async def attack_upper_bytes_hidden_in_a_mode_000_dir(ctx: AttackContext) -> None:
+    """Bytes in a directory its owner may not read (mode 000) count too. An unprivileged
+    caller's watchdog could not open such a directory (its way in reopened /proc/self/fd/N
+    with O_NOFOLLOW, which always fails) and skipped it: files there were never counted."""
+    cap = 64 * MiB
+    # Each file shut away as soon as it is written (a process inside cannot write into a
+    # mode-000 directory either: no capabilities).
+    fill = " && ".join(
+        f"mkdir -p /root/hide/d{i} && head -c {40 * MiB} /dev/zero > /root/hide/d{i}/f && "
+        f"chmod 000 /root/hide/d{i}"
+        for i in range(3)
+    )
+    # Positive control: where the cap allows it, the files are written.
+    async with Sandbox(SandboxConfig(limits=Limits(upper_bytes=4 * cap))) as sb:
+        r = await sh(sb, f"{fill} && chmod 700 /root/hide/d* && du -sm /root/hide | cut -f1")
+        assert r.exit_code == 0 and int(r.stdout) >= 120, f"positive control: {r.output}"
+    sb = Sandbox(SandboxConfig(limits=Limits(upper_bytes=cap)))
+    await sb.start()
+    try:
+        with contextlib.suppress(SandboxLimitError, SandboxNotRunningError):
+            await sh(sb, fill)
+        stopped = await _until_stopped(sb, 60)
+        assert isinstance(stopped, SandboxLimitError), f"120 MiB over a 64 MiB cap: {stopped!r}"
+        assert "upper_bytes" in str(stopped), f"the error does not name the cap: {stopped}"
+    finally:
+        await sb.stop()
+
+
 # One process writes one endless file; the scan is slow (many empty files, under the inode cap).
 OUTRUN = """
 import os, subprocess

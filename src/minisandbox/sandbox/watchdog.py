@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -39,6 +40,7 @@ async def watch_upper(
     than `max_bytes` bytes of blocks or more than `max_inodes` files and directories (None if
     it stopped running first)."""
     loop = asyncio.get_running_loop()
+    failures = 0
     while running():
         began = time.monotonic()
         try:
@@ -47,7 +49,14 @@ async def watch_upper(
             )
         except OSError as e:  # e.g. out of descriptors: try again at the next poll
             logger.warning("cannot measure the upper layer of sandbox %s: %s", sandbox_id, e)
+            failures += 1
+            if failures >= _SCAN_MAX_FAILURES:  # an upper that cannot be measured is not capped
+                return (
+                    f"sandbox {sandbox_id}: its upper layer could not be measured "
+                    f"{failures} times in a row ({e}); it was stopped"
+                )
         else:
+            failures = 0
             if scan.breach is not None:
                 return _breach_message(sandbox_id, scan, max_bytes, max_inodes)
         took = time.monotonic() - began
@@ -63,6 +72,7 @@ async def watch_upper(
 _SCAN_MIN_PAUSE = 0.25
 _SCAN_MAX_PAUSE = 1.0
 _SCAN_MAX_DEPTH = 256
+_SCAN_MAX_FAILURES = 5
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -119,9 +129,9 @@ class _Scan:
                     continue
                 self.count(st)
                 if stat.S_ISDIR(st.st_mode):
-                    subdirs.append(entry.name)
-        for name in subdirs:
-            child = _open_scan_dir(fd, name)
+                    subdirs.append((entry.name, stat.S_IMODE(st.st_mode)))
+        for name, mode in subdirs:
+            child, lent = _open_scan_dir(fd, name)
             if child < 0:
                 continue
             try:
@@ -130,6 +140,9 @@ class _Scan:
                     raise _StopScan
                 self.visit(child, depth + 1)
             finally:
+                if lent:  # its mode back, once its entries are measured
+                    with contextlib.suppress(OSError):
+                        os.fchmod(child, mode)
                 os.close(child)
 
 
@@ -139,8 +152,8 @@ def disk_usage(
     """Bytes allocated (blocks) and inodes under `roots`, stopping as soon as either passes its
     cap. Walks by directory descriptors and never follows a symlink; a file with several hard
     links counts once. A directory that its owner made unreadable (mode 000, the sandbox's
-    own right) is opened after lending its owner rwx for that instant; a vanished one counts
-    as nothing.
+    own right) is measured with its owner's rwx lent, and given its mode back; a vanished one
+    counts as nothing.
 
     Raises:
         OSError: a directory could not be opened for another reason (e.g. out of descriptors).
@@ -160,21 +173,25 @@ def disk_usage(
     return scan.usage
 
 
-def _open_scan_dir(parent: int, name: str) -> int:
-    """A descriptor of the directory `name` in `parent`, or -1 if it is gone or was replaced
-    by something else (the next scan sees what it became)."""
+def _open_scan_dir(parent: int, name: str) -> tuple[int, bool]:
+    """A descriptor of the directory `name` in `parent` (-1 if it is gone or was replaced by
+    something else: the next scan sees what it became), and whether its owner's rwx was lent
+    to open it (the caller gives its mode back once done: its entries cannot be measured
+    without search permission)."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+        return os.open(name, _DIR_FLAGS, dir_fd=parent), False
     except (FileNotFoundError, NotADirectoryError):
-        return -1
+        return -1, False
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return -1
+            return -1, False
         if e.errno != errno.EACCES:
             raise
-    # Unreadable to us, its owner (a root caller is never refused): opened with its mode
-    # given back at once.
-    return safefs.open_dir_as_owner(parent, name, restore=True)
+    # Unreadable to us, its owner (a root caller is never refused).
+    fd = safefs.open_dir_as_owner(parent, name)
+    if fd < 0:
+        raise PermissionError(errno.EACCES, "a directory its owner cannot open", name)
+    return fd, True
 
 
 def _breach_message(

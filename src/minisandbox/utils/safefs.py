@@ -97,11 +97,12 @@ def lstat_at(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> os.st
         return None
 
 
-def open_dir_as_owner(fd: int, name: str, *, restore: bool = False) -> int:
+def open_dir_as_owner(fd: int, name: str) -> int:
     """Open the directory `name` (in `fd`) that its owner (us) may not read or search (a
     sandbox left it mode 000): give the owner rwx through an O_PATH descriptor, which needs no
-    permission on it and refuses a symlink, so the chmod cannot be redirected; with `restore`,
-    give it back its mode once open. -1 when that fails too (not ours)."""
+    permission on it and refuses a symlink, so the chmod cannot be redirected. The caller gives
+    the mode back if it must (after reading the entries: that needs the permission too). -1
+    when that fails too (not ours)."""
     try:
         flags = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
         path_fd = os.open(name, flags, dir_fd=fd)
@@ -111,11 +112,9 @@ def open_dir_as_owner(fd: int, name: str, *, restore: bool = False) -> int:
         mode = stat.S_IMODE(os.fstat(path_fd).st_mode)
         via = f"/proc/self/fd/{path_fd}"
         os.chmod(via, mode | stat.S_IRWXU)
-        try:
-            return os.open(via, _DIR_FLAGS)
-        finally:
-            if restore:
-                os.chmod(via, mode)
+        # Through the descriptor's magic link, which names the very directory opened above
+        # (nothing can redirect it); O_NOFOLLOW would refuse that link itself (ELOOP).
+        return os.open(via, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return -1
     finally:
