@@ -221,6 +221,15 @@ async def test_unread_input_does_not_hold_up_other_sandboxes(sandbox: Sandbox) -
     assert not (await sandbox.execute("pgrep -x sleep || true")).stdout
 
 
+async def test_closing_a_session_kills_its_background_jobs(sandbox: Sandbox) -> None:
+    """A killed shell cannot hang up its jobs: close() kills them (they carry its marker)."""
+    s = await sandbox.create_session()
+    await s.run("sleep 777 & (sleep 778 &) ; echo started")
+    assert (await sandbox.execute("pgrep -c -f 'sleep 77[78]'")).stdout == "2\n"
+    await s.close()
+    assert not (await sandbox.execute("pgrep -f 'sleep 77[78]' || true")).stdout
+
+
 async def test_session_lifecycle_is_separate_from_its_commands(sandbox: Sandbox) -> None:
     s = ShellSession(sandbox, "mine", env={"WHO": "me"})
     with pytest.raises(SessionError, match="not started"):

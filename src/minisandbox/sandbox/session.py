@@ -163,12 +163,22 @@ class ShellSession:
         return self
 
     async def close(self) -> None:
-        """Kill the shell and what runs in its process group, and let go of its terminal.
-        Idempotent; a command waiting in `run` or `send` fails with SessionError."""
+        """Kill the shell and everything it started (its jobs too, which a killed shell cannot
+        hang up), and let go of its terminal. Idempotent; a command waiting in `run` or `send`
+        fails with SessionError."""
         if self._closed:
             return
         self._closed = True
-        self._shutdown()
+        shell, init, running = self._shell_pgid, self.sandbox.pid, not self._eof
+        self._shutdown()  # waiters fail now, not with what the killing below prints
+        if shell and init is not None and running:
+            # Not only the terminal's hangup: a job the shell was still setting up when it died
+            # is in no foreground group, and would run until the sandbox stops. (They all
+            # carry the session's marker.)
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(
+                    procs.kill_tree, init, pids=[shell], groups=[shell], marker=self._mark
+                )
         if self._on_close is not None:
             self._on_close(self)
 
