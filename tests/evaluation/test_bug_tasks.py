@@ -1,6 +1,7 @@
 """SWE-smith-style bug tasks on a real repository (the bundled datekit example): the repository
 layer is shared, a task's own layer holds its bug alone, nothing in a sandbox shows the clean
-code, and the reversed bug resolves while an empty patch does not."""
+code nor the hidden FAIL_TO_PASS tests, and the reversed bug resolves while an empty patch does
+not (the tests come back for evaluation)."""
 
 from __future__ import annotations
 
@@ -83,11 +84,13 @@ async def test_nothing_in_a_bug_tasks_sandbox_shows_the_clean_code(
         assert r.stdout == "Initial commit\n", r.output
         source = await sb.read_file("/testbed/src/datekit/__init__.py")
         assert b"isoparse(a).date() - isoparse(b)" in source  # positive control: the bug
-        # Not in any file, nor in any git object the repository still has.
+        # Not in any file, nor in any git object the repository still has; nor are the
+        # FAIL_TO_PASS tests (hidden as SWE-smith's harness hides them).
         r = await sb.execute(
-            f"grep -rlF '{CLEAN}' /testbed /opt/venv; "
+            f"grep -rlF '{CLEAN}' /testbed /opt/venv; ls tests; "
             "git cat-file --batch-all-objects --batch | grep -caF "
-            f"'{CLEAN}'; git fsck --connectivity-only >/dev/null && echo fsck-ok"
+            f"-e '{CLEAN}' -e 'def test_days_between'; "
+            "git fsck --connectivity-only >/dev/null && echo fsck-ok"
         )
         assert r.stdout == "0\nfsck-ok\n", r.output
 
@@ -102,6 +105,19 @@ async def test_the_reversed_bug_resolves_and_an_empty_patch_does_not(
     empty = await evaluator.evaluate(task, "")
     assert gold.resolved, gold
     assert not empty.resolved and empty.status == "unresolved", empty
+
+
+async def test_tests_the_agent_writes_in_place_of_the_hidden_ones_do_not_count(
+    settings: BuildSettings, bug_tasks: list[Task]
+) -> None:
+    """The hidden test file comes back as it was, whatever the patch put at its path."""
+    cheat = (
+        "--- /dev/null\n+++ b/tests/test_datekit.py\n@@ -0,0 +1,4 @@\n"
+        "+def test_days_between():\n+    pass\n"
+        "+def test_next_billing_date_same_day():\n+    pass\n"
+    )
+    r = await Evaluator(Builder(settings), timeout=120).evaluate(bug_tasks[0], cheat)
+    assert r.patch_applied and not r.resolved, r
 
 
 def test_reverse_patch_is_its_own_inverse() -> None:

@@ -253,7 +253,7 @@ class Evaluator:
             async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
                 if self.on_phase is not None:
                     self.on_phase(task.id, "running tests")
-                await self.run_in(sb, task, patch or "", result)
+                await self.run_in(sb, self.builder.evaluation_task(task), patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         result.duration_s = round(time.monotonic() - began, 3)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import shlex
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -45,7 +46,7 @@ from minisandbox.tasks.eval_script import eval_pip_requirements
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.service_specs import check_services, parse_service
-from minisandbox.tasks.specs import Task, files_in_patch
+from minisandbox.tasks.specs import Task, files_in_patch, hidden_tests
 from minisandbox.utils.hashing import content_digest
 from minisandbox.utils.resources import package_text
 
@@ -57,7 +58,8 @@ _DEPENDENCY_FILE = re.compile(
     r"(^|/)(setup\.py|setup\.cfg|pyproject\.toml|requirements[^/]*\.txt)$"
 )
 _EVAL_DEPS_FORMAT = 1
-_BUG_FORMAT = 1
+_BUG_FORMAT = 2
+_RESTORE_KEY = "restore_tests"  # in a bug layer's meta: the patch that brings back its tests
 
 
 class BuildResult(BaseModel):
@@ -121,8 +123,27 @@ class Builder(LayerBuilder):
     def bug_ref(self, task: Task, repo_layer: str) -> str:
         """The ref of a bug task's own layer: its bug patch applied and committed on top of
         the repository layer."""
-        spec = {"format": _BUG_FORMAT, "repo_layer": repo_layer, "bug_patch": task.bug_patch}
+        spec = {
+            "format": _BUG_FORMAT,
+            "repo_layer": repo_layer,
+            "bug_patch": task.bug_patch,
+            "hidden_tests": hidden_tests(task),
+        }
         return f"bug/{content_digest(spec)}"
+
+    def evaluation_task(self, task: Task) -> Task:
+        """`task` as evaluation runs it. A bug task's FAIL_TO_PASS test files, hidden from the
+        agent, come back by the test patch its bug layer recorded (host side only); the other
+        test files are reset to the task's commit (HEAD: its history is that one commit)."""
+        stack = self._stack(task) if task.bug_patch else []
+        if not stack:
+            return task
+        restore = (self.store.meta(stack[-1]) or {}).get(_RESTORE_KEY, "")
+        hidden = set(hidden_tests(task))
+        others = {t.split("::", 1)[0] for t in task.pass_to_pass} - hidden
+        return task.model_copy(
+            update={"test_patch": restore, "test_files": sorted(others | set(task.test_files))}
+        )
 
     def eval_deps_ref(self, task: Task, task_layer: str) -> str | None:
         """The ref of the task's evaluation-only wheels (see EVAL_WHEELHOUSE), or None when its
@@ -279,14 +300,20 @@ class Builder(LayerBuilder):
         async def make() -> str:
             logs = self.log_dir(f"task/{task.id}")
 
-            async def run(sb: Sandbox) -> None:
+            async def run(sb: Sandbox) -> dict[str, Any]:
                 # Made the one commit, the clean code's objects gone: neither `git diff` nor
                 # the history shows the bug, i.e. the answer (helpers/apply_bug.sh).
                 await sb.write_file("/tmp/bug.patch", task.bug_patch)
                 await self._helper(sb, "apply_bug.sh")
+                files = " ".join(shlex.quote(f) for f in hidden_tests(task))
                 await self.step(
-                    sb, task.id, logs, "bug_patch", "bash /tmp/apply_bug.sh /tmp/bug.patch"
+                    sb,
+                    task.id,
+                    logs,
+                    "bug_patch",
+                    f"bash /tmp/apply_bug.sh /tmp/bug.patch {files}",
                 )
+                return {_RESTORE_KEY: await sb.read_text("/tmp/restore-tests.patch")}
 
             build = LayerBuild(
                 ref=ref,

@@ -1,9 +1,26 @@
 # A bug task's own layer: its bug patch ($1) applied to /testbed and made the repository's one
 # commit, with nothing left that shows the clean code: not the old commit, not the clean blobs
 # of the files the bug changes (their loose objects are removed: flatten_repo.sh made every
-# object loose), not their bytecode. Run as `bash apply_bug.sh PATCH` in /testbed.
+# object loose), not their bytecode. The test files named after it (its FAIL_TO_PASS tests'
+# files) are removed as well, as SWE-smith's harness does; the patch that brings them back at
+# evaluation is written to /tmp/restore-tests.patch. Run as `bash apply_bug.sh PATCH FILE...`
+# in /testbed.
 set -euo pipefail
-git apply "$1"
+patch=$1
+shift
+git apply "$patch"
+hidden=()
+for f in "$@"; do
+    if [ -e "$f" ]; then hidden+=("$f"); fi
+done
+if [ ${#hidden[@]} -gt 0 ]; then
+    # Each file created from nothing, as it is at HEAD.
+    empty=$(git hash-object -t tree /dev/null)
+    git diff --binary "$empty" HEAD -- "${hidden[@]}" >/tmp/restore-tests.patch
+    git rm -q -- "${hidden[@]}"
+else
+    : >/tmp/restore-tests.patch
+fi
 old=$(git rev-parse HEAD)
 mapfile -d '' changed < <(git diff --name-only -z HEAD)  # modified or deleted by the bug
 clean=()
