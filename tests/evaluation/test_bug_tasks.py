@@ -50,7 +50,8 @@ def bug_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[Task]:
             "FAIL_TO_PASS": ["tests/test_datekit.py::test_days_between"],
             "PASS_TO_PASS": ["tests/test_datekit.py::test_next_billing_date_same_day"],
             "environment": {"python": datekit.env.python, "requirements": datekit.env.requirements},
-            "test_cmd": "pytest -rA tests/test_datekit.py",
+            # SWE-smith's own command and parser (the default), on the one test file.
+            "test_cmd": "pytest --disable-warnings --color=no --tb=no --verbose tests",
         }
         for i, (name, bug) in enumerate(BUGS.items())
     ]

@@ -81,7 +81,8 @@ def swesmith_task(
         "install": _commands(record, "install", where, [SWESMITH_INSTALL]),
         "test_cmd": text(record, "test_cmd", where) or SWESMITH_TEST_CMD,
         "test_files": string_list(record, "test_files", where),
-        "log_parser": text(record, "log_parser", where).removeprefix("parse_log_") or "pytest",
+        # SWE-smith's parser reads the `<test id> <STATUS>` lines of its `pytest --verbose`.
+        "log_parser": text(record, "log_parser", where).removeprefix("parse_log_") or "swesmith",
         "bug_patch": bug_patch,
         # Undoing the bug is the reference fix (SWE-smith grades its gold the same way).
         "gold_patch": text(record, "gold_patch", where) or reverse_patch(bug_patch),
