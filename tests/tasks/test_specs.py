@@ -21,6 +21,7 @@ from minisandbox.tasks.loaders import (
     load_tasks,
     parse_eval_script,
 )
+from minisandbox.tasks.patches import reverse_patch
 from minisandbox.tasks.specs import (
     EnvRecipe,
     Task,
@@ -499,7 +500,7 @@ def test_swesmith_jsonl(tmp_path: Path) -> None:
         assert task.repo == "oauthlib/oauthlib"
         assert task.base_commit == "1fd52536"
         assert task.bug_patch == GOLD_PATCH
-        assert task.gold_patch == "" and task.test_patch == ""
+        assert task.gold_patch == reverse_patch(GOLD_PATCH) and task.test_patch == ""
         assert task.image == "swebench/swesmith.x86_64.oauthlib_1776_oauthlib.1fd52536"
         assert task.install == ["python -m pip install -e ."]
     assert first.env.requirements == ["blinker==1.8.2"]

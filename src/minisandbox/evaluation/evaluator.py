@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib
+import re
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -151,7 +152,10 @@ def _swebench() -> SimpleNamespace:
 
 
 def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
-    """swebench's parser named by the task (`pytest` → `parse_log_pytest`), else its repo's."""
+    """swebench's parser named by the task (`pytest` → `parse_log_pytest`), else its repo's;
+    `swesmith`: SWE-smith's (swesmith_log_parser)."""
+    if task.log_parser == "swesmith":
+        return swesmith_log_parser(task)
     sb = _swebench()
     name = f"parse_log_{task.log_parser.removeprefix('parse_log_')}"
     fn = None
@@ -172,6 +176,31 @@ def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
         instance_id=task.id, repo=task.repo, version=task.version, test_cmd=task.test_cmd
     )
     return lambda log: fn(log, spec)
+
+
+_SWESMITH_STATUSES = ("FAILED", "PASSED", "SKIPPED", "ERROR", "XFAIL")
+_VERBOSE_LINE = re.compile(rf"^(\S+)\s+({'|'.join(_SWESMITH_STATUSES)})")
+
+
+def swesmith_log_parser(task: Task) -> Callable[[str], dict[str, str]]:
+    """SWE-smith's Python parser: its profile's own when `swesmith` is installed and knows the
+    repository; else the same rule, `<test id> <STATUS>` lines of `pytest --verbose`."""
+    try:
+        from swesmith.profiles import registry  # (optional: the `swesmith` extra)
+
+        return registry.get(task.id.rsplit(".", 1)[0]).log_parser
+    except (ImportError, KeyError):
+        pass
+
+    def parse(log: str) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for line in log.splitlines():
+            m = _VERBOSE_LINE.match(line)
+            if m:
+                found[m[1]] = m[2]
+        return found
+
+    return parse
 
 
 def _passed(status: str | None) -> bool:
@@ -253,7 +282,7 @@ class Evaluator:
             async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
                 if self.on_phase is not None:
                     self.on_phase(task.id, "running tests")
-                await self.run_in(sb, task, patch or "", result)
+                await self.run_in(sb, self.builder.evaluation_task(task), patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         result.duration_s = round(time.monotonic() - began, 3)

@@ -7,6 +7,9 @@ A task is made of layers, all published to the layer store:
 - the task layer: the repository at its base commit in /testbed (tasks.repos: only its past)
   plus what the install commands changed, i.e. the build sandbox's upper directory over the
   environment layer (`task/<key>`);
+- for a task made by a bug patch (SWE-smith's), that layer is the repository's, shared by
+  every bug at the same commit, and the task's own layer above it holds only what the bug
+  changes, committed (`bug/<key>`): kilobytes, not a checkout;
 - when the gold patch changes the dependencies, an evaluation-only layer of the wheels it needs
   (envs.layout.EVAL_WHEELHOUSE);
 - the tools environments of its test services (envs.tools).
@@ -21,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
+import shlex
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -42,7 +46,7 @@ from minisandbox.tasks.eval_script import eval_pip_requirements
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.service_specs import check_services, parse_service
-from minisandbox.tasks.specs import Task, files_in_patch
+from minisandbox.tasks.specs import Task, files_in_patch, hidden_tests
 from minisandbox.utils.hashing import content_digest
 from minisandbox.utils.resources import package_text
 
@@ -54,6 +58,8 @@ _DEPENDENCY_FILE = re.compile(
     r"(^|/)(setup\.py|setup\.cfg|pyproject\.toml|requirements[^/]*\.txt)$"
 )
 _EVAL_DEPS_FORMAT = 1
+_BUG_FORMAT = 2
+_RESTORE_KEY = "restore_tests"  # in a bug layer's meta: the patch that brings back its tests
 
 
 class BuildResult(BaseModel):
@@ -96,6 +102,8 @@ class Builder(LayerBuilder):
         return env_ref(task.environment_key(self.interpreter(task).version))
 
     def task_ref(self, task: Task, env_layer: str) -> str:
+        """The repository layer's ref: the checkout at the base commit, installed (the same
+        for every bug of a SWE-smith repository: the bug is a layer of its own, `bug_ref`)."""
         spec: dict[str, Any] = {
             "format": _FORMAT,
             "repo": task.repo,
@@ -103,12 +111,39 @@ class Builder(LayerBuilder):
             "env_layer": env_layer,
             "pre_install": task.pre_install,
             "install": task.install,
-            "bug_patch": task.bug_patch,
+            "bug_patch": "",  # (kept: tasks without a bug keep their keys)
         }
+        if task.bug_patch:  # one root commit, every object loose (helpers/flatten_repo.sh)
+            spec["flat"] = True
         extra = eval_pip_requirements(task.eval_script or "")
         if extra:  # (absent when none: the other tasks' keys stay as they were)
             spec["eval_requirements"] = extra
         return f"task/{content_digest(spec)}"
+
+    def bug_ref(self, task: Task, repo_layer: str) -> str:
+        """The ref of a bug task's own layer: its bug patch applied and committed on top of
+        the repository layer."""
+        spec = {
+            "format": _BUG_FORMAT,
+            "repo_layer": repo_layer,
+            "bug_patch": task.bug_patch,
+            "hidden_tests": hidden_tests(task),
+        }
+        return f"bug/{content_digest(spec)}"
+
+    def evaluation_task(self, task: Task) -> Task:
+        """`task` as evaluation runs it. A bug task's FAIL_TO_PASS test files, hidden from the
+        agent, come back by the test patch its bug layer recorded (host side only); the other
+        test files are reset to the task's commit (HEAD: its history is that one commit)."""
+        stack = self._stack(task) if task.bug_patch else []
+        if not stack:
+            return task
+        restore = (self.store.meta(stack[-1]) or {}).get(_RESTORE_KEY, "")
+        hidden = set(hidden_tests(task))
+        others = {t.split("::", 1)[0] for t in task.pass_to_pass} - hidden
+        return task.model_copy(
+            update={"test_patch": restore, "test_files": sorted(others | set(task.test_files))}
+        )
 
     def eval_deps_ref(self, task: Task, task_layer: str) -> str | None:
         """The ref of the task's evaluation-only wheels (see EVAL_WHEELHOUSE), or None when its
@@ -126,12 +161,22 @@ class Builder(LayerBuilder):
         return [found] if found else []
 
     def layers_of(self, task: Task) -> tuple[str, str] | None:
-        """(environment layer, task layer) ids when both are in the store."""
+        """(environment layer, task layer) ids when all are in the store; the task layer is
+        the topmost of the task's own (its bug layer, for a bug task)."""
+        stack = self._stack(task)
+        return (stack[0], stack[-1]) if stack else None
+
+    def _stack(self, task: Task) -> list[str]:
+        """The task's layers in the store, bottom up: environment, repository[, bug]; empty
+        unless all are there."""
         env_layer = self.store.resolve(self.env_ref(task))
-        if env_layer is None:
-            return None
-        task_layer = self.store.resolve(self.task_ref(task, env_layer))
-        return (env_layer, task_layer) if task_layer else None
+        repo_layer = env_layer and self.store.resolve(self.task_ref(task, env_layer))
+        if not env_layer or not repo_layer:
+            return []
+        if not task.bug_patch:
+            return [env_layer, repo_layer]
+        bug_layer = self.store.resolve(self.bug_ref(task, repo_layer))
+        return [env_layer, repo_layer, bug_layer] if bug_layer else []
 
     # ---------------------------------------------------------------- building
 
@@ -163,6 +208,9 @@ class Builder(LayerBuilder):
             env = await self._env_layer(task, force, made)
             phase("building task", self.task_ref(task, env))
             task_layer = await self._task_layer(task, env, force, made)
+            if task.bug_patch:
+                phase("building bug", self.bug_ref(task, task_layer))
+                task_layer = await self._bug_layer(task, env, task_layer, force, made)
             await self._eval_deps_layer(task, env, task_layer, force, made)
         except MiniSandboxError as e:
             return BuildResult(
@@ -223,8 +271,8 @@ class Builder(LayerBuilder):
             async def run(sb: Sandbox) -> None:
                 step = functools.partial(self.step, sb, task.id, logs)
                 if task.bug_patch:
-                    await sb.write_file("/tmp/bug.patch", task.bug_patch)
-                    await step("bug_patch", "git apply /tmp/bug.patch && git commit -qam bug")
+                    await self._helper(sb, "flatten_repo.sh")
+                    await step("flatten", "bash /tmp/flatten_repo.sh")
                 if task.pre_install or task.install:
                     await step("install", "\n".join(["set -e", *task.pre_install, *task.install]))
                     await self._wheelhouse(sb, task, logs)
@@ -243,6 +291,48 @@ class Builder(LayerBuilder):
             return await self.build_layer(build, made, force)
 
         return await self.once(ref, force, make)
+
+    async def _bug_layer(
+        self, task: Task, env: str, repo_layer: str, force: bool, made: list[str]
+    ) -> str:
+        ref = self.bug_ref(task, repo_layer)
+
+        async def make() -> str:
+            logs = self.log_dir(f"task/{task.id}")
+
+            async def run(sb: Sandbox) -> dict[str, Any]:
+                # Made the one commit, the clean code's objects gone: neither `git diff` nor
+                # the history shows the bug, i.e. the answer (helpers/apply_bug.sh).
+                await sb.write_file("/tmp/bug.patch", task.bug_patch)
+                await self._helper(sb, "apply_bug.sh")
+                files = " ".join(shlex.quote(f) for f in hidden_tests(task))
+                await self.step(
+                    sb,
+                    task.id,
+                    logs,
+                    "bug_patch",
+                    f"bash /tmp/apply_bug.sh /tmp/bug.patch {files}",
+                )
+                return {_RESTORE_KEY: await sb.read_text("/tmp/restore-tests.patch")}
+
+            build = LayerBuild(
+                ref=ref,
+                kind="bug",
+                what=task.id,
+                interp=self.interpreter(task),
+                logs=logs,
+                run=run,
+                meta={"task": task.id, "env_layer": env, "repo_layer": repo_layer},
+                lower=[env, repo_layer],
+            )
+            return await self.build_layer(build, made, force)
+
+        return await self.once(ref, force, make)
+
+    @staticmethod
+    async def _helper(sb: Sandbox, name: str) -> None:
+        """Copy helpers/`name` to /tmp/`name` in the build sandbox."""
+        await sb.write_file(f"/tmp/{name}", package_text("minisandbox.tasks", "helpers", name))
 
     async def _wheelhouse(self, sb: Sandbox, task: Task, logs: Path) -> None:
         """Download the repository's build requirements into WHEELHOUSE (see there), and the
@@ -328,15 +418,15 @@ class Builder(LayerBuilder):
             UvNotFoundError: a build is needed and there is no uv.
         """
         check_services(task)
-        found = self.layers_of(task)
-        if found is None:
+        stack = self._stack(task)
+        if not stack:
             if not build:
                 raise TaskNotBuiltError(f"task {task.id} is not built; run `minisandbox build`")
             result = await self.build(task, on_phase=on_phase)
-            if result.status == "failed" or not result.env_layer or not result.task_layer:
+            stack = self._stack(task)
+            if result.status == "failed" or not stack:
                 raise TaskBuildError(f"building task {task.id} failed: {result.error}")
-            found = (result.env_layer, result.task_layer)
-        env, task_layer = found
+        env, *base, task_layer = stack
         # The tools environments of the task's test services, on top.
         tools, tool_paths = await tools_layers(self, (parse_service(s)[0] for s in task.services))
         extra = self.eval_layers(task, task_layer) if evaluation else []
@@ -346,6 +436,7 @@ class Builder(LayerBuilder):
             env_vars["PIP_FIND_LINKS"] = links.strip()
         return TaskLayers(
             env=env,
+            base=base,
             task=task_layer,
             eval=extra,
             tools=tools,

@@ -14,7 +14,7 @@ import shlex
 from packaging.requirements import InvalidRequirement, Requirement
 
 from minisandbox.errors import EvalScriptError
-from minisandbox.tasks.specs import Task
+from minisandbox.tasks.specs import Task, files_in_patch
 
 START_MARKER = ">>>>> Start Test Output"
 END_MARKER = ">>>>> End Test Output"
@@ -29,14 +29,19 @@ def make_eval_script(task: Task) -> str:
     if _HEREDOC in task.test_patch:
         raise EvalScriptError(f"task {task.id}: its test patch contains {_HEREDOC}")
     files = " ".join(shlex.quote(f) for f in task.test_files)
+    # A bug task's history is one commit, HEAD (tasks.builder): its base commit is not there.
+    commit = "HEAD" if task.bug_patch else task.base_commit
     lines = ["#!/bin/bash", "set -uxo pipefail", "cd /testbed"]
     if files:
-        lines.append(f"git checkout {task.base_commit} {files}")
+        lines.append(f"git checkout {commit} {files}")
     if task.test_patch:
+        if task.bug_patch:  # its hidden tests come back as they were, whatever took their place
+            restored = " ".join(shlex.quote(f) for f in files_in_patch(task.test_patch))
+            lines.append(f"rm -rf -- {restored}")
         lines += [f"git apply -v - <<'{_HEREDOC}'", task.test_patch.rstrip("\n"), _HEREDOC]
     lines += [f": '{START_MARKER}'", task.test_cmd, f": '{END_MARKER}'"]
     if files:
-        lines.append(f"git checkout {task.base_commit} {files}")
+        lines.append(f"git checkout {commit} {files}")
     return "\n".join(lines) + "\n"
 
 

@@ -21,8 +21,10 @@ class TaskLayers(BaseModel):
 
     env: str
     """The environment layer (the venv at /opt/venv)."""
+    base: list[str] = Field(default_factory=list)
+    """Layers the task shares with others, between the two (a bug task's repository layer)."""
     task: str
-    """The task layer (the repository at /testbed, as installed)."""
+    """The task's own layer (the repository at /testbed, as installed; or its bug, committed)."""
     eval: list[str] = Field(default_factory=list)
     """Layers only evaluation sandboxes see (the wheels the gold patch needs)."""
     tools: list[str] = Field(default_factory=list)
@@ -34,7 +36,7 @@ class TaskLayers(BaseModel):
 
     @property
     def ids(self) -> list[str]:
-        return [self.env, self.task, *self.eval, *self.tools]
+        return [self.env, *self.base, self.task, *self.eval, *self.tools]
 
 
 @contextlib.asynccontextmanager

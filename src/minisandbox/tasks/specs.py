@@ -57,6 +57,14 @@ def task_id_problem(value: str) -> str | None:
     return None
 
 
+def hidden_tests(task: Task) -> list[str]:
+    """The test files a bug task hides from the agent, as SWE-smith's harness does: those of its
+    FAIL_TO_PASS tests (none for other tasks)."""
+    if not task.bug_patch:
+        return []
+    return sorted({t.split("::", 1)[0] for t in task.fail_to_pass})
+
+
 def files_in_patch(patch: str) -> list[str]:
     """Paths a unified diff touches (the new path; the old one for a deleted file), in order.
 

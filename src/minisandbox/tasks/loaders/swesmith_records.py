@@ -4,7 +4,8 @@ A SWE-smith record has an image (`image_name`) or an `environment`, and no `test
 `instance_id`, `repo` ("swesmith/owner__name.commit", "owner__name.commit", or "owner/name"
 with a `base_commit` field), `patch` (the **bug** patch), `FAIL_TO_PASS`, `PASS_TO_PASS`.
 One environment serves a repository at one commit: the task's repo and base commit are the
-original repository and that commit, and `patch` becomes `bug_patch`, applied on top.
+original repository and that commit, and `patch` becomes `bug_patch`, applied on top; the gold
+patch is the bug patch reversed (unless the record gives `gold_patch`).
 
 Invariants: the environment file a record names stays inside the data file's folder or
 envs_dir unless the caller allows absolute paths, and the repo name must be usable as a file
@@ -30,6 +31,7 @@ from minisandbox.tasks.loaders.fields import (
     text,
     validate_task,
 )
+from minisandbox.tasks.patches import reverse_patch
 from minisandbox.tasks.specs import Task, path_name_problem
 
 # SWE-smith's default Python test command; records may carry their own `test_cmd`.
@@ -79,8 +81,11 @@ def swesmith_task(
         "install": _commands(record, "install", where, [SWESMITH_INSTALL]),
         "test_cmd": text(record, "test_cmd", where) or SWESMITH_TEST_CMD,
         "test_files": string_list(record, "test_files", where),
-        "log_parser": text(record, "log_parser", where).removeprefix("parse_log_") or "pytest",
+        # SWE-smith's parser reads the `<test id> <STATUS>` lines of its `pytest --verbose`.
+        "log_parser": text(record, "log_parser", where).removeprefix("parse_log_") or "swesmith",
         "bug_patch": bug_patch,
+        # Undoing the bug is the reference fix (SWE-smith grades its gold the same way).
+        "gold_patch": text(record, "gold_patch", where) or reverse_patch(bug_patch),
         "fail_to_pass": string_list(record, "FAIL_TO_PASS", where),
         "pass_to_pass": string_list(record, "PASS_TO_PASS", where),
         "problem_statement": text(record, "problem_statement", where),

@@ -1,0 +1,130 @@
+"""SWE-smith-style bug tasks on a real repository (the bundled datekit example): the repository
+layer is shared, a task's own layer holds its bug alone, nothing in a sandbox shows the clean
+code nor the hidden FAIL_TO_PASS tests, and the reversed bug resolves while an empty patch does
+not (the tests come back for evaluation)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minisandbox.evaluation.evaluator import Evaluator
+from minisandbox.evaluation.validation import agent_sandbox
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
+
+CLEAN = "return (isoparse(b).date() - isoparse(a).date()).days"
+# As SWE-smith's procedural generators write them: plain unified diffs.
+BUGS = {
+    "swap": (
+        "--- a/src/datekit/__init__.py\n+++ b/src/datekit/__init__.py\n"
+        "@@ -19,3 +19,3 @@\n"
+        " def days_between(a, b):\n"
+        '     """Whole days from ISO date `a` to ISO date `b`."""\n'
+        f"-    {CLEAN}\n"
+        "+    return (isoparse(a).date() - isoparse(b).date()).days\n"
+    ),
+    "off_by_one": (
+        "--- a/src/datekit/__init__.py\n+++ b/src/datekit/__init__.py\n"
+        "@@ -19,3 +19,3 @@\n"
+        " def days_between(a, b):\n"
+        '     """Whole days from ISO date `a` to ISO date `b`."""\n'
+        f"-    {CLEAN}\n"
+        "+    return (isoparse(b).date() - isoparse(a).date()).days + 1\n"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bug_tasks(tmp_path_factory: pytest.TempPathFactory) -> list[Task]:
+    (datekit,) = [t for t in load_tasks("examples") if "datekit" in t.id]
+    records = [
+        {
+            "instance_id": f"minisandbox-examples__datekit.ffc2139f.{name}__0000000{i}",
+            "repo": datekit.repo,
+            "base_commit": datekit.base_commit,
+            "patch": bug,
+            "FAIL_TO_PASS": ["tests/test_datekit.py::test_days_between"],
+            "PASS_TO_PASS": ["tests/test_datekit.py::test_next_billing_date_same_day"],
+            "environment": {"python": datekit.env.python, "requirements": datekit.env.requirements},
+            # SWE-smith's own command and parser (the default), on the one test file.
+            "test_cmd": "pytest --disable-warnings --color=no --tb=no --verbose tests",
+        }
+        for i, (name, bug) in enumerate(BUGS.items())
+    ]
+    path = tmp_path_factory.mktemp("smith") / "bugs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return load_tasks(path)
+
+
+async def test_a_bug_task_is_a_small_layer_over_a_shared_repository(
+    settings: BuildSettings, bug_tasks: list[Task]
+) -> None:
+    builder = Builder(settings)
+    first, second = bug_tasks
+    one = await builder.build(first)
+    assert one.status in ("built", "cached"), one.error
+    two = await builder.build(second)
+    assert two.status == "built", two.error
+    # The second bug of the same repository builds its own layer only.
+    assert [ref.split("/")[0] for ref in two.built_layers] == ["bug"], two.built_layers
+    info = builder.store.info(two.task_layer or "")
+    assert 0 < info.stored_bytes < 50_000 and info.files < 100, info
+
+
+async def test_nothing_in_a_bug_tasks_sandbox_shows_the_clean_code(
+    settings: BuildSettings, bug_tasks: list[Task]
+) -> None:
+    builder = Builder(settings)
+    task = bug_tasks[0]
+    async with agent_sandbox(builder, task, require_validated=False) as sb:
+        r = await sb.execute("git status --porcelain; git log --format=%s; git diff HEAD")
+        assert r.stdout == "Initial commit\n", r.output
+        source = await sb.read_file("/testbed/src/datekit/__init__.py")
+        assert b"isoparse(a).date() - isoparse(b)" in source  # positive control: the bug
+        # Not in any file, nor in any git object the repository still has; nor are the
+        # FAIL_TO_PASS tests (hidden as SWE-smith's harness hides them).
+        r = await sb.execute(
+            f"grep -rlF '{CLEAN}' /testbed /opt/venv; ls tests; "
+            "git cat-file --batch-all-objects --batch | grep -caF "
+            f"-e '{CLEAN}' -e 'def test_days_between'; "
+            "git fsck --connectivity-only >/dev/null && echo fsck-ok"
+        )
+        assert r.stdout == "0\nfsck-ok\n", r.output
+
+
+async def test_the_reversed_bug_resolves_and_an_empty_patch_does_not(
+    settings: BuildSettings, bug_tasks: list[Task]
+) -> None:
+    task = bug_tasks[0]
+    assert CLEAN in task.gold_patch and task.gold_patch.startswith("--- a/")
+    evaluator = Evaluator(Builder(settings), timeout=120)
+    gold = await evaluator.evaluate(task, task.gold_patch)
+    empty = await evaluator.evaluate(task, "")
+    assert gold.resolved, gold
+    assert not empty.resolved and empty.status == "unresolved", empty
+
+
+async def test_tests_the_agent_writes_in_place_of_the_hidden_ones_do_not_count(
+    settings: BuildSettings, bug_tasks: list[Task]
+) -> None:
+    """The hidden test file comes back as it was, whatever the patch put at its path."""
+    cheat = (
+        "--- /dev/null\n+++ b/tests/test_datekit.py\n@@ -0,0 +1,4 @@\n"
+        "+def test_days_between():\n+    pass\n"
+        "+def test_next_billing_date_same_day():\n+    pass\n"
+    )
+    r = await Evaluator(Builder(settings), timeout=120).evaluate(bug_tasks[0], cheat)
+    assert r.patch_applied and not r.resolved, r
+
+
+def test_reverse_patch_is_its_own_inverse() -> None:
+    from minisandbox.tasks.patches import reverse_patch
+
+    gold = Path(__file__).parents[2] / "src/minisandbox/tasks/examples/datekit/gold.patch"
+    for patch in [*BUGS.values(), gold.read_text()]:
+        back = reverse_patch(patch)
+        assert back != patch and reverse_patch(back) == patch
