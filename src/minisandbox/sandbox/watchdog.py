@@ -73,6 +73,7 @@ _SCAN_MIN_PAUSE = 0.25
 _SCAN_MAX_PAUSE = 1.0
 _SCAN_MAX_DEPTH = 256
 _SCAN_MAX_FAILURES = 5
+_UNREADABLE = -2  # _open_scan_dir: a directory that not even its owner could open
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -89,7 +90,9 @@ class Usage:
 
     bytes: int = 0
     inodes: int = 0
-    breach: str | None = None  # "bytes", "inodes" or "depth": the scan stopped there
+    # "bytes", "inodes", "depth" or "unreadable" (a directory not even its owner could open):
+    # the scan stopped there
+    breach: str | None = None
 
 
 class _StopScan(Exception):
@@ -131,7 +134,10 @@ class _Scan:
                 if stat.S_ISDIR(st.st_mode):
                     subdirs.append((entry.name, stat.S_IMODE(st.st_mode)))
         for name, mode in subdirs:
-            child, lent = _open_scan_dir(fd, name)
+            child, lent = _open_scan_dir(fd, name, searchable=mode & 0o500 == 0o500)
+            if child == _UNREADABLE:  # what cannot be measured is not capped
+                self.usage.breach = "unreadable"
+                raise _StopScan
             if child < 0:
                 continue
             try:
@@ -173,13 +179,15 @@ def disk_usage(
     return scan.usage
 
 
-def _open_scan_dir(parent: int, name: str) -> tuple[int, bool]:
+def _open_scan_dir(parent: int, name: str, *, searchable: bool) -> tuple[int, bool]:
     """A descriptor of the directory `name` in `parent` (-1 if it is gone or was replaced by
     something else: the next scan sees what it became), and whether its owner's rwx was lent
-    to open it (the caller gives its mode back once done: its entries cannot be measured
-    without search permission)."""
+    to open it (the caller gives its mode back once done). A directory its owner may not both
+    read and search (`searchable` false: 0o444, 0o600...) is lent rwx at once: it may open,
+    but its entries could not be measured."""
     try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent), False
+        if searchable or os.geteuid() == 0:  # (root reads and searches any directory)
+            return os.open(name, _DIR_FLAGS, dir_fd=parent), False
     except (FileNotFoundError, NotADirectoryError):
         return -1, False
     except OSError as e:
@@ -187,11 +195,9 @@ def _open_scan_dir(parent: int, name: str) -> tuple[int, bool]:
             return -1, False
         if e.errno != errno.EACCES:
             raise
-    # Unreadable to us, its owner (a root caller is never refused).
+    # Not readable and searchable by us, its owner (a root caller is never refused).
     fd = safefs.open_dir_as_owner(parent, name)
-    if fd < 0:
-        raise PermissionError(errno.EACCES, "a directory its owner cannot open", name)
-    return fd, True
+    return (fd, True) if fd >= 0 else (_UNREADABLE, False)
 
 
 def _breach_message(
@@ -202,6 +208,11 @@ def _breach_message(
             f"sandbox {sandbox_id} created more than {max_inodes} files and directories in its "
             f"upper layer (Limits.upper_inodes={max_inodes}); it was stopped. Raise "
             "Limits.upper_inodes to allow more"
+        )
+    if usage.breach == "unreadable":
+        return (
+            f"sandbox {sandbox_id} made a directory of its upper layer that its size watchdog "
+            "cannot open, so cannot measure; it was stopped"
         )
     if usage.breach == "depth":
         return (
