@@ -94,6 +94,13 @@ async def test_nothing_in_a_bug_tasks_sandbox_shows_the_clean_code(
             "git fsck --connectivity-only >/dev/null && echo fsck-ok"
         )
         assert r.stdout == "0\nfsck-ok\n", r.output
+        # Nor any tree that names them: an old tree would give the clean file's blob id, which
+        # a fix could be hashed against until one matches.
+        r = await sb.execute(
+            "git cat-file --batch-all-objects --batch-check | awk '$2 == \"tree\" {print $1}'"
+            " | while read t; do git ls-tree -r $t; done | grep -c 'tests/\\|test_datekit'"
+        )
+        assert r.stdout == "0\n", r.output
 
 
 async def test_the_reversed_bug_resolves_and_an_empty_patch_does_not(

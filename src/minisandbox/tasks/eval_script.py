@@ -32,8 +32,15 @@ def make_eval_script(task: Task) -> str:
     # A bug task's history is one commit, HEAD (tasks.builder): its base commit is not there.
     commit = "HEAD" if task.bug_patch else task.base_commit
     lines = ["#!/bin/bash", "set -uxo pipefail", "cd /testbed"]
+    # A bug task's test files from its tests' ids: reset those HEAD has (one unknown path would
+    # make `git checkout` reset none).
+    reset = (
+        f"git ls-tree -z --name-only HEAD -- {files} | xargs -0 -r git checkout HEAD --"
+        if task.bug_patch
+        else f"git checkout {commit} {files}"
+    )
     if files:
-        lines.append(f"git checkout {commit} {files}")
+        lines.append(reset)
     if task.test_patch:
         if task.bug_patch:  # its hidden tests come back as they were, whatever took their place
             restored = " ".join(shlex.quote(f) for f in files_in_patch(task.test_patch))
@@ -41,7 +48,7 @@ def make_eval_script(task: Task) -> str:
         lines += [f"git apply -v - <<'{_HEREDOC}'", task.test_patch.rstrip("\n"), _HEREDOC]
     lines += [f": '{START_MARKER}'", task.test_cmd, f": '{END_MARKER}'"]
     if files:
-        lines.append(f"git checkout {commit} {files}")
+        lines.append(reset)
     return "\n".join(lines) + "\n"
 
 

@@ -49,7 +49,8 @@ def reverse_patch(patch: str) -> str:
     are read by their line counts, so a changed line that starts with "--" is never taken
     for a file header."""
     out: list[str] = []
-    lines = patch.splitlines(keepends=True)
+    lines = re.findall(r"[^\n]*\n|[^\n]+$", patch)  # "\n" only: str.splitlines also splits
+    # at form feeds and other separators a source line may hold, which would miscount hunks
     i = 0
     while i < len(lines):
         line = lines[i]

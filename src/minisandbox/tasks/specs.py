@@ -80,7 +80,7 @@ def files_in_patch(patch: str) -> list[str]:
     old: str | None = None
     git_path: str | None = None  # from "diff --git", for diffs without ---/+++ (renames, binary)
     left = right = 0  # lines still expected in the current hunk
-    for line in patch.splitlines():
+    for line in patch.split("\n"):  # not splitlines: a source line may hold a form feed
         if left > 0 or right > 0:
             tag = line[:1]
             if tag in (" ", ""):

@@ -27,21 +27,29 @@ clean=()
 for f in "${changed[@]}"; do
     if o=$(git rev-parse -q --verify "HEAD:$f"); then clean+=("$o"); fi
 done
-git add -A
+# Bytecode compiled from the clean sources.
+for f in "${changed[@]}"; do
+    case $f in
+        *.py)
+            base=$(basename -- "$f" .py)
+            dir=$(dirname -- "$f")
+            rm -f -- "$dir/__pycache__/$base".*.py[co] "$dir/$base.pyc" "$dir/$base.pyo"
+            ;;
+    esac
+done
+git add -A  # with what the install left untracked (egg-info): the agent's diff stays its own
 date=$(git log -1 --format=%cI)
 GIT_AUTHOR_DATE=$date GIT_COMMITTER_DATE=$date \
     git -c user.name=swe-minisandbox -c user.email=swe-minisandbox@localhost \
     commit -q --no-verify --amend -m "Initial commit"
 rm -rf .git/logs .git/ORIG_HEAD
-still=$(git ls-tree -r HEAD | awk '{print $3}')
-for o in "$old" "${clean[@]}"; do
+# The old commit's trees too: they name the clean blobs' ids (a fix could be hashed until
+# one matches) and the hidden files.
+old_trees=$(git ls-tree -r -t -d "$old" | awk '{print $3}'; git rev-parse "$old^{tree}")
+still=$(git ls-tree -r -t HEAD | awk '{print $3}'; git rev-parse "HEAD^{tree}")
+for o in "$old" $old_trees "${clean[@]}"; do
     # A blob another file still holds is no secret: that file shows it.
     if ! grep -qx "$o" <<<"$still"; then
         rm -f ".git/objects/${o:0:2}/${o:2}"
     fi
-done
-for f in "${changed[@]}"; do
-    case $f in
-        *.py) rm -f -- "$(dirname -- "$f")/__pycache__/$(basename -- "$f" .py)".*.pyc ;;
-    esac
 done

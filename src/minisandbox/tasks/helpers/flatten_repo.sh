@@ -4,11 +4,14 @@
 # Run as `bash flatten_repo.sh` in /testbed.
 set -euo pipefail
 date=$(git log -1 --format=%cI)
+tracked=$(mktemp)
+git ls-files -z >"$tracked"     # what the commit tracks, ignored patterns or not
 rm -rf .git
 git -c init.defaultBranch=main init -q
 git config gc.auto 0            # never pack: a pack would hold the clean objects together
 git config core.logAllRefUpdates false
-git add -A
+xargs -0 -r git add -f -- <"$tracked"
+rm -f "$tracked"
 GIT_AUTHOR_DATE=$date GIT_COMMITTER_DATE=$date \
     git -c user.name=swe-minisandbox -c user.email=swe-minisandbox@localhost \
     commit -q --no-verify -m "Initial commit"
