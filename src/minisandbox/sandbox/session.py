@@ -31,6 +31,7 @@ import fcntl
 import os
 import re
 import secrets
+import shlex
 import signal
 import struct
 import termios
@@ -41,7 +42,7 @@ from pydantic import BaseModel
 
 from minisandbox.errors import CommandTimeoutError, InvalidCommandError, SessionError
 from minisandbox.sandbox import procs
-from minisandbox.sandbox.channel import ChannelDir, quote
+from minisandbox.sandbox.channel import ChannelDir
 from minisandbox.sandbox.config import SandboxConfig
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
 from minisandbox.sandbox.terminal import TerminalHost, open_terminal, until_writable
@@ -171,13 +172,12 @@ class ShellSession:
         self._closed = True
         shell, init, running = self._shell_pgid, self.sandbox.pid, not self._eof
         self._shutdown()  # waiters fail now, not with what the killing below prints
-        if shell and init is not None and running:
-            # Not only the terminal's hangup: a job the shell was still setting up when it died
-            # is in no foreground group, and would run until the sandbox stops. (They all
-            # carry the session's marker.)
+        if init is not None and self._mark:
+            # Jobs in no foreground group, or left behind (setsid): all carry the marker.
+            leaders = [shell] if shell and running else []
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(
-                    procs.kill_tree, init, pids=[shell], groups=[shell], marker=self._mark
+                    procs.kill_tree, init, pids=leaders, groups=leaders, marker=self._mark
                 )
         if self._on_close is not None:
             self._on_close(self)
@@ -403,7 +403,7 @@ class ShellSession:
             self._busy = True
             loop = asyncio.get_running_loop()
             began = loop.time()
-            line = f". {quote(ChannelDir.inside(name))}\n"
+            line = f". {shlex.quote(ChannelDir.inside(name))}\n"
             await self._write(line.encode() + (input or "").encode(), timeout)
             return await self._finish(expect, max(0.0, timeout - (loop.time() - began)))
         finally:
