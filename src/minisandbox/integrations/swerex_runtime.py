@@ -363,6 +363,8 @@ async def _stop_foreground_job(shell: ShellSession, timeout: float) -> SessionRe
         stopped = await shell.send("\x1a", timeout=timeout)
     except errors.CommandTimeoutError:
         return await shell.interrupt(timeout=timeout)
+    if "Stopped" not in stopped.output:  # it ended by itself meanwhile: no job to kill (%%
+        return stopped  # would then be the agent's last background job)
     printed = [stopped.output, (await shell.send("kill -9 %%\n", timeout=timeout)).output]
     # bash reports the job's end at a prompt once it has reaped it: a few empty lines give it
     # the chance (bounded: otherwise the report comes with the next command, as in bash).
