@@ -46,7 +46,7 @@ from minisandbox.tasks.eval_script import eval_pip_requirements
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.service_specs import check_services, parse_service
-from minisandbox.tasks.specs import Task, files_in_patch, hidden_tests
+from minisandbox.tasks.specs import Task, files_in_patch, files_of_tests, hidden_tests
 from minisandbox.utils.hashing import content_digest
 from minisandbox.utils.resources import package_text
 
@@ -139,8 +139,7 @@ class Builder(LayerBuilder):
         if not stack:
             return task
         restore = (self.store.meta(stack[-1]) or {}).get(_RESTORE_KEY, "")
-        hidden = set(hidden_tests(task))
-        others = {t.split("::", 1)[0] for t in task.pass_to_pass} - hidden
+        others = files_of_tests(task.pass_to_pass) - set(hidden_tests(task))
         return task.model_copy(
             update={"test_patch": restore, "test_files": sorted(others | set(task.test_files))}
         )

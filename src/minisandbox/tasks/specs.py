@@ -57,12 +57,15 @@ def task_id_problem(value: str) -> str | None:
     return None
 
 
+def files_of_tests(test_ids: list[str]) -> set[str]:
+    """The files of pytest test ids (`path::name` gives `path`)."""
+    return {t.split("::", 1)[0] for t in test_ids}
+
+
 def hidden_tests(task: Task) -> list[str]:
     """The test files a bug task hides from the agent, as SWE-smith's harness does: those of its
     FAIL_TO_PASS tests (none for other tasks)."""
-    if not task.bug_patch:
-        return []
-    return sorted({t.split("::", 1)[0] for t in task.fail_to_pass})
+    return sorted(files_of_tests(task.fail_to_pass)) if task.bug_patch else []
 
 
 def files_in_patch(patch: str) -> list[str]:
