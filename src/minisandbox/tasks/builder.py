@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from minisandbox.envs import relax
+from minisandbox.envs.asof import AS_OF_FORMAT, FREEZE
 from minisandbox.envs.envlayer import env_layer, env_ref, host_warnings, relaxations
 from minisandbox.envs.layerbuild import BuildError, LayerBuild, LayerBuilder, RecordedBuildFailure
 from minisandbox.envs.layout import EVAL_WHEELHOUSE, WHEELHOUSE
@@ -43,6 +44,7 @@ from minisandbox.errors import MiniSandboxError, TaskBuildError, TaskNotBuiltErr
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks import repos as repos_module
 from minisandbox.tasks.eval_script import eval_pip_requirements
+from minisandbox.tasks.install import install_commands
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.service_specs import check_services, parse_service
@@ -115,6 +117,8 @@ class Builder(LayerBuilder):
         }
         if task.bug_patch:  # one root commit, every object loose (helpers/flatten_repo.sh)
             spec["flat"] = True
+        if task.install_as_of:  # (absent when unset, as above)
+            spec["install_as_of"] = [task.install_as_of, AS_OF_FORMAT]
         extra = eval_pip_requirements(task.eval_script or "")
         if extra:  # (absent when none: the other tasks' keys stay as they were)
             spec["eval_requirements"] = extra
@@ -267,14 +271,20 @@ class Builder(LayerBuilder):
         async def make() -> str:
             logs = self.log_dir(f"task/{task.id}")  # (only for a build: not for a stored layer)
 
-            async def run(sb: Sandbox) -> None:
+            async def run(sb: Sandbox) -> dict[str, Any]:
                 step = functools.partial(self.step, sb, task.id, logs)
+                python = self.interpreter(task).version
+                install, meta = await install_commands(task, self.repos, python, logs)
                 if task.bug_patch:
                     await self._helper(sb, "flatten_repo.sh")
                     await step("flatten", "bash /tmp/flatten_repo.sh")
-                if task.pre_install or task.install:
-                    await step("install", "\n".join(["set -e", *task.pre_install, *task.install]))
+                if task.pre_install or install:
+                    await step("install", "\n".join(["set -e", *task.pre_install, *install]))
                     await self._wheelhouse(sb, task, logs)
+                if task.install_as_of:  # what it resolved to, so the build can be repeated
+                    await step("freeze", f"{FREEZE} > /tmp/resolved.txt")
+                    meta["resolved"] = (await sb.read_text("/tmp/resolved.txt")).splitlines()
+                return meta
 
             build = LayerBuild(
                 ref=ref,

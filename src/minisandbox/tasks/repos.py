@@ -156,6 +156,31 @@ class RepoSources:
             os.close(fd)
         return cache
 
+    def commit_date(self, task: Task, logs: Path) -> str:
+        """The committer date of the task's base commit (ISO 8601), read from its source.
+
+        Raises:
+            BuildError: at step "resolve", when the repository cannot be read at that commit.
+        """
+        log = logs / "resolve-date.log"
+        source = self.source(task, log, commits=[task.base_commit])
+        try:
+            date = githistory.commit_date(source, task.base_commit)
+        except githistory.HistoryError as e:
+            date, error = "", str(e)
+        else:
+            error = "no date"
+        if not date:
+            log.write_text(f"{error}\n")
+            raise BuildError(
+                task.id,
+                "resolve",
+                log,
+                f": cannot read the date of {task.repo} at {task.base_commit} in {source}: "
+                f"{error[-300:]}",
+            )
+        return date
+
     def imports_at(self, task: Task, logs: Path) -> tuple[frozenset[str] | None, str | None]:
         """What the repository imports at its environment commit, and that commit's date
         (relax.py's priorities and date bound); (None, None) without such a commit.

@@ -15,6 +15,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from minisandbox.envs.asof import as_of_date
 from minisandbox.envs.recipe import EnvRecipe
 
 # GitHub: owners are letters, digits and single hyphens; names may also hold "." and "_".
@@ -130,6 +131,12 @@ class Task(BaseModel):
     install: list[str] = Field(
         default_factory=list, description='shell commands run in /testbed, e.g. "pip install -e ."'
     )
+    install_as_of: str | None = Field(
+        None,
+        description="resolve what `install` pip-installs as of this date (uv --exclude-newer): "
+        'an ISO 8601 date or time, or "commit" for base_commit\'s committer date; recorded in '
+        "the repository layer's metadata with what was installed",
+    )
     test_cmd: str = Field(description="shell command that runs the tests, in /testbed")
     test_files: list[str] = Field(
         default_factory=list, description="files the test patch touches (derived when empty)"
@@ -185,6 +192,13 @@ class Task(BaseModel):
         if not _COMMIT.fullmatch(value):
             raise ValueError(f"{value!r} is not a commit hash (7 to 40 hex digits)")
         return value
+
+    @field_validator("install_as_of")
+    @classmethod
+    def _check_as_of(cls, value: str | None) -> str | None:
+        if value is None or value == "commit":
+            return value
+        return as_of_date(value)
 
     @field_validator("test_cmd")
     @classmethod
