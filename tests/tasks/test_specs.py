@@ -511,8 +511,13 @@ def test_swesmith_jsonl(tmp_path: Path) -> None:
     assert second.fail_to_pass == ["tests/test_b.py::test_z"]
     assert second.test_cmd == "pytest -rA"
 
+    # Without envs_dir, the second record has no environment: SWE-smith's profile gives it
+    # (tests/tasks/test_swesmith_profiles.py), unless the repo names none.
+    records = _swesmith_records()
+    records[1] |= {"repo": "oauthlib/oauthlib", "base_commit": "1fd52536"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
     with pytest.raises(TaskFormatError, match=r"record 1 .*field 'environment'"):
-        load_tasks(path)  # the second record has no environment without envs_dir
+        load_tasks(path)
 
 
 # ------------------------------------------------------------------------------ malformed input

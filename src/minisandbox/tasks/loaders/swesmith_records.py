@@ -4,8 +4,11 @@ A SWE-smith record has an image (`image_name`) or an `environment`, and no `test
 `instance_id`, `repo` ("swesmith/owner__name.commit", "owner__name.commit", or "owner/name"
 with a `base_commit` field), `patch` (the **bug** patch), `FAIL_TO_PASS`, `PASS_TO_PASS`.
 One environment serves a repository at one commit: the task's repo and base commit are the
-original repository and that commit, and `patch` becomes `bug_patch`, applied on top; the gold
-patch is the bug patch reversed (unless the record gives `gold_patch`).
+original repository and that commit (a `base_commit` of another commit is the SWE-smith
+mirror's, and ignored), and `patch` becomes `bug_patch`, applied on top; the gold patch is the
+bug patch reversed (unless the record gives `gold_patch`). A record without an environment gets
+its repository's SWE-smith profile (swesmith_profiles): install and test commands, and a venv of
+its Python into which the install resolves dependencies as of the commit's date.
 
 Invariants: the environment file a record names stays inside the data file's folder or
 envs_dir unless the caller allows absolute paths, and the repo name must be usable as a file
@@ -31,6 +34,7 @@ from minisandbox.tasks.loaders.fields import (
     text,
     validate_task,
 )
+from minisandbox.tasks.loaders.swesmith_profiles import SwesmithProfile, swesmith_profile
 from minisandbox.tasks.patches import reverse_patch
 from minisandbox.tasks.specs import Task, path_name_problem
 
@@ -63,8 +67,8 @@ def swesmith_task(
     if "FAIL_TO_PASS" not in record:
         raise where.error("missing", "FAIL_TO_PASS")
     repo, commit, env_name = split_swesmith_repo(raw_repo)
-    base_commit = text(record, "base_commit", where) or commit
-    if not base_commit:
+    given = text(record, "base_commit", where)
+    if not given and not commit:
         raise where.error(
             "missing: give base_commit, or a SWE-smith repo name 'owner__name.<commit>'",
             "base_commit",
@@ -72,14 +76,20 @@ def swesmith_task(
     if env_name is not None and path_name_problem(env_name) is not None:
         raise where.error(f"{raw_repo!r} {path_name_problem(env_name)}", "repo")
     recipe = _swesmith_recipe(record, where, env_name, iid, base_dir, envs_dir, allow_abs)
+    profile = _profile(where, env_name) if recipe is None else None
+    base_commit = _base_commit(given, commit, profile)
+    install = profile.install_commands() if profile else [SWESMITH_INSTALL]
     data = {
         "id": iid,
         "repo": repo,
         "base_commit": base_commit,
-        "env": recipe,
+        "env": profile.recipe() if profile else recipe,
         "pre_install": _commands(record, "pre_install", where, None),
-        "install": _commands(record, "install", where, [SWESMITH_INSTALL]),
-        "test_cmd": text(record, "test_cmd", where) or SWESMITH_TEST_CMD,
+        "install": _commands(record, "install", where, install),
+        # A profile's environment is its install, as of the commit (swesmith_profiles).
+        "install_as_of": text(record, "install_as_of", where) or ("commit" if profile else None),
+        "test_cmd": text(record, "test_cmd", where)
+        or (profile.test_cmd if profile else SWESMITH_TEST_CMD),
         "test_files": string_list(record, "test_files", where),
         # SWE-smith's parser reads the `<test id> <STATUS>` lines of its `pytest --verbose`.
         "log_parser": text(record, "log_parser", where).removeprefix("parse_log_") or "swesmith",
@@ -93,6 +103,35 @@ def swesmith_task(
         "source": source,
     }
     return validate_task(data, where)
+
+
+def _base_commit(given: str, named: str | None, profile: SwesmithProfile | None) -> str:
+    """The record's base commit, unless its repo name gives another: the commit named (in
+    full from its profile). A published record's base_commit, when it has one, is its SWE-smith
+    mirror's, a copy of that tree with a history of its own."""
+    if named is None or given.lower().startswith(named.lower()):
+        return given
+    return profile.commit if profile else named
+
+
+def _profile(where: Where, env_name: str | None) -> SwesmithProfile:
+    """The SWE-smith profile of a record that brings no environment.
+
+    Raises:
+        TaskFormatError: the repo names no profile (not "owner__repo.commit"), or SWE-smith
+            has none by that name, or not a Python one.
+        MissingDependencyError: the `swesmith` package is not installed.
+    """
+    if env_name is None:
+        raise where.error(
+            "no environment: give `environment` (a mapping with python/requirements, or a "
+            "conda export file), or name a SWE-smith profile as repo 'owner__repo.<commit>'",
+            "environment",
+        )
+    try:
+        return swesmith_profile(env_name)
+    except LookupError as e:
+        raise where.error(str(e.args[0]), "repo") from None
 
 
 def _commands(record: dict[str, Any], field: str, where: Where, default: Any) -> list[str]:
@@ -125,10 +164,11 @@ def _swesmith_recipe(
     base_dir: Path | None,
     envs_dir: Path | None,
     allow_abs: bool = False,
-) -> EnvRecipe:
+) -> EnvRecipe | None:
     """`environment` is a recipe mapping, or names a conda export (a path relative to the data
-    file, or `<name>.yml` in envs_dir); without it, envs_dir/<owner__name.commit>.yml. An
-    absolute path or one with `..` is refused unless `allow_abs`."""
+    file, or `<name>.yml` in envs_dir); without it, envs_dir/<owner__name.commit>.yml, else
+    None (the repository's SWE-smith profile gives it). An absolute path or one with `..` is
+    refused unless `allow_abs`."""
     environment = record.get("environment")
     if isinstance(environment, dict):
         try:
@@ -141,6 +181,8 @@ def _swesmith_recipe(
     for candidate in candidates:
         if candidate.is_file():
             return conda_env_to_recipe(candidate)
+    if environment is None:
+        return None  # SWE-smith's profile then (_profile)
     looked = ", ".join(str(c) for c in candidates) or "nothing (no envs_dir)"
     raise where.error(
         "no environment recipe: give `environment` (a mapping with python/requirements, or a "
