@@ -135,3 +135,65 @@ def test_reverse_patch_is_its_own_inverse() -> None:
     for patch in [*BUGS.values(), gold.read_text()]:
         back = reverse_patch(patch)
         assert back != patch and reverse_patch(back) == patch
+
+
+def test_bad_bug_records_fail_alone_naming_the_instance_and_the_cause(
+    settings: BuildSettings, bug_tasks: list[Task], tmp_path: Path
+) -> None:
+    """A patch that does not apply, FAIL_TO_PASS tests that are not there, a SWE-smith profile
+    that does not exist: each fails its own task, by name and cause; the good one builds."""
+    from conftest import run_cli
+
+    good = bug_tasks[0]
+    record = {
+        "repo": good.repo,
+        "base_commit": good.base_commit,
+        "patch": good.bug_patch,
+        "FAIL_TO_PASS": good.fail_to_pass,
+        "PASS_TO_PASS": good.pass_to_pass,
+        "environment": good.env.model_dump(),
+        "test_cmd": good.test_cmd,
+    }
+    records = [
+        {**record, "instance_id": good.id},
+        {
+            **record,
+            "instance_id": "datekit.ffc2139f.stale__1",
+            "patch": BUGS["swap"].replace(
+                "isoparse(b).date() - isoparse(a)", "isoparse(b).date() + isoparse(a)"
+            ),
+        },
+        {
+            **record,
+            "instance_id": "datekit.ffc2139f.lost__2",
+            "FAIL_TO_PASS": ["tests/test_gone.py::test_x"],
+        },
+        {
+            **{k: v for k, v in record.items() if k not in ("environment", "base_commit")},
+            "instance_id": "nobody__nothing.1234567.func__3",
+            "repo": "swesmith/nobody__nothing.1234567",
+            "image_name": "swebench/swesmith.x86_64.nobody_1776_nothing.1234567",
+        },
+    ]
+    path = tmp_path / "bad.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    env = ["--store", str(settings.store), "--cache", str(settings.cache)]
+    r = run_cli(
+        "build",
+        str(path),
+        *env,
+        "--git-mirror",
+        str(settings.git_mirror),
+        "--json",
+        "--quiet",
+        timeout=600,
+    )
+    assert r.returncode == 1, r.stderr
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary["total"] == 4
+    assert set(summary["built"]) | set(summary["cached"]) == {good.id}, summary
+    failed = summary["failed"]
+    assert "does not apply" in failed["datekit.ffc2139f.stale__1"], failed
+    assert "tests/test_gone.py" in failed["datekit.ffc2139f.lost__2"], failed
+    unknown = failed["nobody__nothing.1234567.func__3"]
+    assert "SWE-smith has no profile 'nobody__nothing.1234567'" in unknown, unknown

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
 
     from minisandbox.sandbox.config import SandboxConfig
     from minisandbox.tasks.builder import Builder
+    from minisandbox.tasks.loaders import TaskFormatError
     from minisandbox.tasks.specs import Task
 
 # Plain click help: typer's rich help shows every flag as `<bool>` (typer 0.29), and plain
@@ -163,10 +164,20 @@ def make_builder(store: Path | None, cache: Path | None, mirror: Path | None) ->
 
 
 def load_dataset(
-    tasks: str, envs_dir: Path | None, ids: list[str] | None, allow_abs: bool = False
+    tasks: str,
+    envs_dir: Path | None,
+    ids: list[str] | None,
+    allow_abs: bool = False,
+    rejected: list[TaskFormatError] | None = None,
 ) -> list[Task]:
+    """The dataset's tasks (`ids` only, when given); with `rejected`, its malformed records go
+    there instead of failing the run (loaders.load_tasks)."""
     from minisandbox.tasks.loaders import load_tasks
 
     return load_tasks(
-        tasks, envs_dir=envs_dir, instance_ids=ids or None, allow_absolute_paths=allow_abs
+        tasks,
+        envs_dir=envs_dir,
+        instance_ids=ids or None,
+        allow_absolute_paths=allow_abs,
+        rejected=rejected,
     )

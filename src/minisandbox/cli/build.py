@@ -31,6 +31,7 @@ from minisandbox.utils.aio import all_or_none
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
     from minisandbox.evaluation.validation import Validation
     from minisandbox.tasks.builder import Builder, BuildResult
+    from minisandbox.tasks.loaders import TaskFormatError
     from minisandbox.tasks.specs import Task
 
 
@@ -63,15 +64,22 @@ def build(
     Each environment (a uv venv with pinned requirements) is built once and shared by the tasks
     with the same recipe; each task adds its repository at the base commit, installed."""
     from minisandbox.errors import MiniSandboxError
+    from minisandbox.tasks.builder import BuildResult
 
+    rejected: list[TaskFormatError] = []
     try:
-        loaded = load_dataset(tasks, envs_dir, ids, allow_abs)
+        loaded = load_dataset(tasks, envs_dir, ids, allow_abs, rejected)
         builder = make_builder(store, cache, mirror)
         results, verdicts = run_async(
             _build_and_validate(builder, loaded, jobs, force, validate, quiet)
         )
     except MiniSandboxError as e:
         fail(str(e))
+    # A malformed record fails its task, named with the cause; the others were built.
+    results += [
+        BuildResult(task_id=e.instance_id or "", status="failed", error=str(e), step="load")
+        for e in rejected
+    ]
     if json_out:
         typer.echo(json.dumps(_build_summary(results, verdicts if validate else None)))
     else:

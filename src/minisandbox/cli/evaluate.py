@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
     from minisandbox.evaluation.evaluator import EvalResult
     from minisandbox.evaluation.predictions import Prediction
     from minisandbox.tasks.builder import Builder
+    from minisandbox.tasks.loaders import TaskFormatError
     from minisandbox.tasks.specs import Task
 
 
@@ -85,7 +86,13 @@ def eval_(
         fail(f"--run-id {run_id!r} {problem}: it names the run's directory and summary file")
     written: list[str] = []
     try:
-        preds, loaded = _predictions_and_tasks(predictions, tasks, ids, envs_dir, allow_abs)
+        rejected: list[TaskFormatError] = []
+        preds, loaded = _predictions_and_tasks(
+            predictions, tasks, ids, envs_dir, allow_abs, rejected
+        )
+        for e in rejected:  # the others are evaluated
+            if e.instance_id in preds:
+                typer.secho(f"minisandbox: not evaluated: {e}", fg=typer.colors.RED, err=True)
         builder = make_builder(store, cache, mirror)
         # The run's logs go with the build logs, whatever the current directory.
         log_dir = run_log_dir(builder.settings.logs, run_id)
@@ -105,11 +112,16 @@ def eval_(
 
 
 def _predictions_and_tasks(
-    predictions: str, tasks: str, ids: list[str] | None, envs_dir: Path | None, allow_abs: bool
+    predictions: str,
+    tasks: str,
+    ids: list[str] | None,
+    envs_dir: Path | None,
+    allow_abs: bool,
+    rejected: list[TaskFormatError],
 ) -> tuple[dict[str, Prediction], list[Task]]:
     """The predictions to evaluate (`ids`' only, when given) and the dataset's tasks they are
-    for. Raises PredictionsError, naming the file and entry, for a prediction of an unknown
-    instance, and when nothing is left to evaluate."""
+    for (its malformed records into `rejected`). Raises PredictionsError, naming the file and
+    entry, for a prediction of an unknown instance, and when nothing is left to evaluate."""
     from minisandbox.evaluation.predictions import (
         SPECIAL,
         PredictionsError,
@@ -119,7 +131,7 @@ def _predictions_and_tasks(
     from minisandbox.tasks.loaders import TaskNotFoundError
 
     if predictions in SPECIAL:
-        loaded = load_dataset(tasks, envs_dir, ids, allow_abs)
+        loaded = load_dataset(tasks, envs_dir, ids, allow_abs, rejected)
         preds = special_predictions(predictions, loaded)
     else:
         preds = load_predictions(Path(predictions))
@@ -128,7 +140,7 @@ def _predictions_and_tasks(
         if not preds:
             raise PredictionsError(f"{predictions}: no predictions to evaluate")
         try:
-            loaded = load_dataset(tasks, envs_dir, ids or list(preds), allow_abs)
+            loaded = load_dataset(tasks, envs_dir, ids or list(preds), allow_abs, rejected)
         except TaskNotFoundError as e:
             if ids:
                 raise  # an --instance-ids problem

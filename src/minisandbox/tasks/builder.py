@@ -314,7 +314,9 @@ class Builder(LayerBuilder):
                 # the history shows the bug, i.e. the answer (helpers/apply_bug.sh).
                 await sb.write_file("/tmp/bug.patch", task.bug_patch)
                 await self._helper(sb, "apply_bug.sh")
-                files = " ".join(shlex.quote(f) for f in hidden_tests(task))
+                hidden = hidden_tests(task)
+                others = sorted(files_of_tests(task.pass_to_pass) - set(hidden))
+                files = " ".join(shlex.quote(f) for f in [*hidden, "--", *others])
                 await self.step(
                     sb,
                     task.id,

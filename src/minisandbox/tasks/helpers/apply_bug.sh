@@ -3,16 +3,29 @@
 # of the files the bug changes (their loose objects are removed: flatten_repo.sh made every
 # object loose), not their bytecode. The test files named after it (its FAIL_TO_PASS tests'
 # files) are removed as well, as SWE-smith's harness does; the patch that brings them back at
-# evaluation is written to /tmp/restore-tests.patch. Run as `bash apply_bug.sh PATCH FILE...`
-# in /testbed.
+# evaluation is written to /tmp/restore-tests.patch. Run as
+# `bash apply_bug.sh PATCH HIDDEN... -- OTHER...` in /testbed: HIDDEN the FAIL_TO_PASS tests'
+# files, OTHER the PASS_TO_PASS tests' others; a test file that is not there fails the build
+# (the task could never be graded).
 set -euo pipefail
 patch=$1
 shift
 git apply "$patch"
 hidden=()
-for f in "$@"; do
-    if [ -e "$f" ]; then hidden+=("$f"); fi
+missing=()
+while [ $# -gt 0 ] && [ "$1" != -- ]; do
+    if [ -e "$1" ]; then hidden+=("$1"); else missing+=("$1"); fi
+    shift
 done
+[ $# -gt 0 ] && shift  # the --
+for f in "$@"; do
+    [ -e "$f" ] || missing+=("$f")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    printf 'apply_bug: test files of FAIL_TO_PASS/PASS_TO_PASS not in the repository: %s\n' \
+        "${missing[*]}" >&2
+    exit 1
+fi
 if [ ${#hidden[@]} -gt 0 ]; then
     # Each file created from nothing, as it is at HEAD.
     empty=$(git hash-object -t tree /dev/null)

@@ -81,6 +81,7 @@ def load_tasks(
     envs_dir: Path | None = None,
     instance_ids: Sequence[str] | None = None,
     allow_absolute_paths: bool = False,
+    rejected: list[TaskFormatError] | None = None,
 ) -> list[Task]:
     """Load tasks from `source`:
 
@@ -96,6 +97,9 @@ def load_tasks(
     `<field>_file`) stay inside the data file's folder or `envs_dir`: an absolute path, `~` or a
     `..` is refused (a dataset must not make us read host files) unless `allow_absolute_paths`.
     Instance ids are checked before any path is built from them.
+
+    With a `rejected` list, a malformed record with a valid id (an unknown SWE-smith profile, a
+    missing field) goes there, naming its id and the cause, and the other records load.
 
     Raises:
         TaskFormatError: a malformed record or file, naming the file, record and field; also
@@ -116,18 +120,19 @@ def load_tasks(
     if path.is_dir():
         raise TaskFormatError(_directory_problem(path), path=str(path))
     if path.exists():
-        tasks = load_file(path, envs, wanted, allow_absolute_paths)
+        tasks = load_file(path, envs, wanted, allow_absolute_paths, rejected)
     elif path.suffix.lower() in FILE_SUFFIXES:
         raise TaskFileNotFoundError(f"{path}: no such task file", path=str(path))
     elif "/" in str(source):
-        tasks = load_hf(str(source), envs, wanted, allow_absolute_paths)
+        tasks = load_hf(str(source), envs, wanted, allow_absolute_paths, rejected)
     else:
         raise TaskFormatError(
             f"unknown task source {str(source)!r}: expected 'examples', a file "
             f"({', '.join(FILE_SUFFIXES)}) or a Hugging Face dataset name like "
             "'princeton-nlp/SWE-bench_Verified'"
         )
-    check_found(wanted, [t.id for t in tasks], str(source))
+    found = [t.id for t in tasks] + [e.instance_id for e in rejected or [] if e.instance_id]
+    check_found(wanted, found, str(source))
     check_unique(tasks, str(source))
     return tasks
 

@@ -22,9 +22,14 @@ FILE_SUFFIXES = (".parquet", ".json", ".jsonl", ".yaml", ".yml")
 
 
 def load_file(
-    path: Path, envs_dir: Path | None, wanted: set[str] | None, allow_abs: bool
+    path: Path,
+    envs_dir: Path | None,
+    wanted: set[str] | None,
+    allow_abs: bool,
+    rejected: list[TaskFormatError] | None = None,
 ) -> list[Task]:
-    """The wanted tasks of the file at `path`, in order.
+    """The wanted tasks of the file at `path`, in order (malformed records into `rejected`,
+    when given: rows.records_to_tasks).
 
     Raises:
         TaskFormatError: the file does not parse, has an unknown suffix or shape, or holds a
@@ -35,16 +40,17 @@ def load_file(
     name = str(path)
     if suffix == ".parquet":
         records = read_parquet(path)
-        return records_to_tasks(records, name, path.parent, envs_dir, wanted, allow_abs)
+        return records_to_tasks(records, name, path.parent, envs_dir, wanted, allow_abs, rejected)
     if suffix == ".jsonl":
-        return records_to_tasks(read_jsonl(path), name, path.parent, envs_dir, wanted, allow_abs)
+        rows = read_jsonl(path)
+        return records_to_tasks(rows, name, path.parent, envs_dir, wanted, allow_abs, rejected)
     if suffix == ".json":
         data = read_json(path)
         if isinstance(data, dict) and "tasks" in data:
             return own_tasks(data, path, wanted, allow_abs)
         if isinstance(data, list):
             rows = ((i, None, r) for i, r in enumerate(data))
-            return records_to_tasks(rows, name, path.parent, envs_dir, wanted, allow_abs)
+            return records_to_tasks(rows, name, path.parent, envs_dir, wanted, allow_abs, rejected)
         raise TaskFormatError(
             f"{path}: expected a list of SWE-bench/SWE-smith records or a mapping with a "
             "'tasks' list",

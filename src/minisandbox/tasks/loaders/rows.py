@@ -32,9 +32,12 @@ def records_to_tasks(
     envs_dir: Path | None,
     wanted: set[str] | None,
     allow_abs: bool = False,
+    rejected: list[TaskFormatError] | None = None,
 ) -> list[Task]:
     """The tasks of the wanted `records`, in order. `source` names the file or dataset in
     errors and in each task's `source`; `base_dir` is the data file's folder, if any.
+    With a `rejected` list, a malformed record that has a valid id (an unknown SWE-smith
+    profile, say) goes there and the others load; without, it raises.
 
     Raises:
         TaskFormatError: a row is not a mapping, not a SWE-bench or SWE-smith record, or a
@@ -46,11 +49,16 @@ def records_to_tasks(
         where = Where(source, index, line)
         if not where.take(record, "instance_id", wanted):  # (before envs_dir/<id>.yml is read)
             continue
-        kind = record_kind(record, where)
-        if kind == "swesmith":
-            tasks.append(swesmith_task(record, where, source, base_dir, envs_dir, allow_abs))
-        else:
-            tasks.append(swebench_task(record, where, source, envs_dir))
+        try:
+            kind = record_kind(record, where)
+            if kind == "swesmith":
+                tasks.append(swesmith_task(record, where, source, base_dir, envs_dir, allow_abs))
+            else:
+                tasks.append(swebench_task(record, where, source, envs_dir))
+        except TaskFormatError as e:
+            if rejected is None or e.instance_id is None:
+                raise
+            rejected.append(e)
     return tasks
 
 
@@ -73,7 +81,11 @@ def record_kind(record: dict[str, Any], where: Where) -> Literal["swebench", "sw
 
 
 def load_hf(
-    name: str, envs_dir: Path | None, wanted: set[str] | None, allow_abs: bool
+    name: str,
+    envs_dir: Path | None,
+    wanted: set[str] | None,
+    allow_abs: bool,
+    rejected: list[TaskFormatError] | None = None,
 ) -> list[Task]:
     """The tasks of Hugging Face dataset `name` ("owner/name" or "owner/name:split"; the
     split defaults to "test", or to the only one). Each task's source is "hf:<name>:<split>".
@@ -105,4 +117,4 @@ def load_hf(
         loaded = loaded[split]
     source = f"hf:{dataset_name}:{split}"
     records = ((i, None, dict(r)) for i, r in enumerate(loaded))
-    return records_to_tasks(records, source, None, envs_dir, wanted, allow_abs)
+    return records_to_tasks(records, source, None, envs_dir, wanted, allow_abs, rejected)
