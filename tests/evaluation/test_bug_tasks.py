@@ -197,3 +197,23 @@ def test_bad_bug_records_fail_alone_naming_the_instance_and_the_cause(
     assert "tests/test_gone.py" in failed["datekit.ffc2139f.lost__2"], failed
     unknown = failed["nobody__nothing.1234567.func__3"]
     assert "SWE-smith has no profile 'nobody__nothing.1234567'" in unknown, unknown
+    # Evaluating them: the good one is graded, each bad one is an error or not evaluated.
+    r = run_cli(
+        "eval",
+        str(path),
+        "--predictions",
+        "gold",
+        *env,
+        "--git-mirror",
+        str(settings.git_mirror),
+        "--report",
+        str(tmp_path / "reports"),
+        "--json",
+        "--quiet",
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout.splitlines()[-1])
+    assert summary["resolved_ids"] == [good.id], summary
+    assert sorted(summary["error_ids"]) == ["datekit.ffc2139f.lost__2", "datekit.ffc2139f.stale__1"]
+    assert b"not evaluated: " in r.stderr and b"nobody__nothing.1234567" in r.stderr, r.stderr
