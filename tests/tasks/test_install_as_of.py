@@ -6,33 +6,43 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from minisandbox.envs.asof import not_before_python, pip_as_of
+from minisandbox.envs.asof import install_env, not_before_python, pip_as_of
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
 
 
 def test_pip_installs_are_made_uv_installs_as_of_a_date() -> None:
-    date = "2024-01-01T00:00:00+00:00"
-    as_uv = f"uv pip install --python /opt/venv/bin/python --exclude-newer {date}"
+    date = "2024-01-01T01:00:00+01:00"  # given to uv (and pip) as UTC, whatever the host's zone
+    as_uv = "uv pip install --python /opt/venv/bin/python --exclude-newer 2024-01-01T00:00:00Z"
     assert pip_as_of("python -m pip install -e .", date) == f"{as_uv} -e ."
     assert pip_as_of("pip install -e '.[dev]'", date) == f"{as_uv} -e '.[dev]'"
     assert pip_as_of("python3.10 -m pip install x", date) == f"{as_uv} x"
+    # Every command of a chain or a script, not only the first.
+    chain = "pip install -e . && pip install pytest; cd sub || pip install .\npip3 install y"
+    assert pip_as_of(chain, date) == (
+        f"{as_uv} -e . && {as_uv} pytest; cd sub || {as_uv} .\n{as_uv} y"
+    )
     for other in ("python setup.py develop", "hash -r", "pipx install x", "pip installer"):
         assert pip_as_of(other, date) == other
-    with pytest.raises(ValueError, match="not an ISO 8601 date"):
-        pip_as_of("pip install x", "yesterday; rm -rf /")
+    for bad in ("yesterday; rm -rf /", "2023-W18-1", "2024-13-01"):
+        with pytest.raises(ValueError, match="not an ISO 8601 date"):
+            pip_as_of("pip install x", bad)
     # Before setuptools could build editables as uv builds them, setuptools is taken later.
     old = pip_as_of("pip install -e .", "2021-01-05")
     assert old.endswith(" --exclude-newer-package setuptools=2022-09-01T00:00:00Z -e ."), old
+    # Installers that are not a plain pip install meet the date through the environment.
+    assert install_env("2024-01-01") == (
+        "export UV_EXCLUDE_NEWER=2024-01-01T00:00:00Z PIP_UPLOADED_PRIOR_TO=2024-01-01T00:00:00Z"
+    )
 
 
 def test_the_date_is_not_before_the_python_the_environment_uses() -> None:
     # addict's SWE-smith commit (January 2021) predates Python 3.10: pytest as of then (6.2.1)
     # does not run on it; a quarter after 3.10.0 came out, pytest 6.2.5 does.
     assert not_before_python("2021-01-05T07:16:38+00:00", "3.10.13") == "2022-01-02T00:00:00Z"
-    assert not_before_python("2024-11-28T10:05:53-08:00", "3.10") == "2024-11-28T10:05:53-08:00"
-    assert not_before_python("2021-01-05", "2.7") == "2021-01-05"  # (no release known)
+    assert not_before_python("2024-11-28T10:05:53-08:00", "3.10") == "2024-11-28T18:05:53Z"
+    assert not_before_python("2021-01-05", "2.7") == "2021-01-05T00:00:00Z"  # (no release known)
 
 
 def test_install_as_of_must_be_a_date_or_commit() -> None:
@@ -46,12 +56,18 @@ async def test_a_repository_layer_installs_as_of_its_commit_and_records_it(
     settings: BuildSettings,
 ) -> None:
     (datekit,) = [t for t in load_tasks("examples") if "datekit" in t.id]
-    # tomli: 2.0.1 was current on the example's commit date (2024-01-01); 2.1.0 came out in
-    # November 2024, so an install that ignored the date would get a later one.
+    # On the example's commit date (2024-01-01) tomli was at 2.0.1 (2.1.0: November 2024) and
+    # idna at 3.6 (3.7: April 2024): an install that ignored the date would get later ones.
+    # tomli's install is made a uv one; idna's is not a plain pip install, so pip meets the
+    # date through its environment.
     task = datekit.model_copy(
         update={
             "id": "examples__datekit-as-of",
-            "install": [*datekit.install, "python -m pip install tomli"],
+            "install": [
+                *datekit.install,
+                "python -m pip install tomli",
+                "PIP_NO_INPUT=1 python -m pip install idna",
+            ],
             "install_as_of": "commit",
         }
     )
@@ -59,8 +75,9 @@ async def test_a_repository_layer_installs_as_of_its_commit_and_records_it(
     result = await builder.build(task)
     assert result.status in ("built", "cached"), result.error
     meta = builder.store.meta(result.task_layer or "") or {}
-    assert meta["install_as_of"] == "2024-01-01T00:00:00+00:00"
-    assert "tomli==2.0.1" in meta["resolved"], meta["resolved"]
+    assert meta["commit_date"] == "2024-01-01T00:00:00+00:00"
+    assert meta["install_as_of"] == "2024-01-01T00:00:00Z"
+    assert {"tomli==2.0.1", "idna==3.6"} <= set(meta["resolved"]), meta["resolved"]
     async with builder.sandbox(task) as sb:
         r = await sb.execute("python -c 'import tomli; print(tomli.__version__)'")
     assert r.stdout.strip() == "2.0.1", r.output

@@ -1,9 +1,11 @@
-"""Installing as of a date: the pip installs of a repository's install commands, run through
-uv with `--exclude-newer`, so that a repository at an old commit gets the dependencies it had
+"""Installing as of a date, so that a repository at an old commit gets the dependencies it had
 then rather than today's (which may have dropped what its code or tests use).
 
-Only commands that are a plain pip install (`pip install ...`, `python -m pip install ...`) are
-rewritten; anything else (`python setup.py develop`, `hash -r`) runs as given.
+Every `pip install` of the install commands (`pip install`, `python -m pip install`, at the start
+of a line or after `&&`, `||`, `;`) runs as `uv pip install --exclude-newer <date>` into the
+environment's venv; anything else that installs (a Makefile, `VAR=1 pip install`) still meets the
+date through the environment: UV_EXCLUDE_NEWER for uv, PIP_UPLOADED_PRIOR_TO for pip (25.1 and
+later; an older pip ignores it, which the layer's recorded freeze would show).
 """
 
 from __future__ import annotations
@@ -14,48 +16,61 @@ from datetime import datetime, timedelta, timezone
 
 from minisandbox.envs.layout import VENV
 
-# "pip install", "pip3 install", "python -m pip install", "python3.10 -m pip install", with the
-# rest of the command (its arguments) kept.
 # Bumped when what an install as of a date resolves changes (the date rule, the rewriting): it
 # is part of the repository layer's key.
-AS_OF_FORMAT = 1
+AS_OF_FORMAT = 2
 # A month after setuptools 64, the first with PEP 660 editable installs (August 2022).
 EDITABLE_SETUPTOOLS = "2022-09-01T00:00:00Z"
-_PIP_INSTALL = re.compile(r"^\s*(?:python[\d.]*\s+-m\s+)?pip[\d.]*\s+install(?=\s)")
+# "pip install", "pip3 install", "python -m pip install", "python3.10 -m pip install" where a
+# command starts; the rest (its arguments) is kept.
+_PIP_INSTALL = re.compile(
+    r"(?m)(^|&&|\|\||;)(\s*)(?:python[\d.]*\s+-m\s+)?pip[\d.]*\s+install(?=\s)"
+)
+# What uv and pip both read: a date, or a date and time with an optional zone.
+_ISO = re.compile(
+    r"\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d+)?)?(?:Z|[+-]\d{2}:\d{2})?)?"
+)
 
 
 def as_of_date(value: str) -> str:
-    """`value` checked as an ISO 8601 date or date-time ("2023-05-01", "2023-05-01T12:00:00Z",
-    "2023-05-01T12:00:00+02:00"), as given.
+    """`value`, an ISO 8601 date or date-time ("2023-05-01", "2023-05-01T12:00:00Z",
+    "2023-05-01T12:00:00+02:00"), as the UTC time uv and pip are given ("...T10:00:00Z"; a
+    date alone, or a time without a zone, is taken as UTC, so every host reads it alike).
 
     Raises:
         ValueError: it is not one.
     """
+    value = value.strip()
     try:
-        datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        if not _ISO.fullmatch(value):
+            raise ValueError
+        return _moment(value).astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     except ValueError:
         raise ValueError(
             f"{value!r} is not an ISO 8601 date or time (e.g. 2023-05-01 or "
             '2023-05-01T12:00:00Z) nor "commit"'
         ) from None
-    return value.strip()
+
+
+def install_env(date: str) -> str:
+    """The shell line that makes any other installer in the install step meet `date`."""
+    date = shlex.quote(as_of_date(date))
+    return f"export UV_EXCLUDE_NEWER={date} PIP_UPLOADED_PRIOR_TO={date}"
 
 
 def pip_as_of(command: str, date: str) -> str:
-    """`command` with a leading pip install made a uv one that ignores packages uploaded after
+    """`command` with each pip install made a uv one that ignores packages uploaded after
     `date` (into the environment's venv); other commands unchanged.
 
     setuptools is the exception before EDITABLE_SETUPTOOLS: uv installs `-e .` only through a
     backend's PEP 660 hook, which older setuptools lack (pip fell back to `setup.py develop`),
     so setuptools is taken as of that date instead."""
-    m = _PIP_INSTALL.match(command)
-    if not m:
-        return command
     date = as_of_date(date)
-    options = f"--exclude-newer {shlex.quote(date)}"
+    options = f"--exclude-newer {date}"
     if _moment(date) < _moment(EDITABLE_SETUPTOOLS):
         options += f" --exclude-newer-package setuptools={EDITABLE_SETUPTOOLS}"
-    return f"uv pip install --python {VENV}/bin/python {options}" + command[m.end() :]
+    uv = f"uv pip install --python {VENV}/bin/python {options}"
+    return _PIP_INSTALL.sub(lambda m: f"{m[1]}{m[2]}{uv}", command)
 
 
 def _moment(value: str) -> datetime:
@@ -83,8 +98,13 @@ _WHEELS_LAG = timedelta(days=90)
 
 
 def not_before_python(date: str, python: str) -> str:
-    """`date`, or a quarter after Python `python`'s ("3.10" or "3.10.13") release when that
-    is later (as an ISO 8601 UTC time); a Python not in PYTHON_RELEASES leaves it as is."""
+    """`date` (as_of_date's UTC time), or a quarter after Python `python`'s ("3.10" or
+    "3.10.13") release when that is later; a Python not in PYTHON_RELEASES leaves it as is.
+
+    Raises:
+        ValueError: `date` is not an ISO 8601 date or time.
+    """
+    date = as_of_date(date)
     released = PYTHON_RELEASES.get(".".join(python.split(".")[:2]))
     if released is None:
         return date

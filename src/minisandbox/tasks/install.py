@@ -8,7 +8,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from minisandbox.envs.asof import not_before_python, pip_as_of
+from minisandbox.envs.asof import as_of_date, install_env, not_before_python, pip_as_of
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.specs import Task
 
@@ -31,5 +31,5 @@ async def install_commands(
         date = await asyncio.to_thread(repos.commit_date, task, logs)
         meta["commit_date"] = date
         date = not_before_python(date, python)
-    meta["install_as_of"] = date
-    return [pip_as_of(command, date) for command in task.install], meta
+    meta["install_as_of"] = date = as_of_date(date)
+    return [install_env(date), *(pip_as_of(command, date) for command in task.install)], meta
