@@ -4,6 +4,7 @@ profiles (the real `swesmith` package)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,41 @@ def test_an_unknown_profile_names_the_record_and_the_cause(tmp_path: Path) -> No
     assert "'nobody__nothing.1234567.func_x__1'" in str(err.value)
     assert "SWE-smith has no profile 'nobody__nothing.1234567'" in str(err.value)
     assert err.value.field == "repo"
+
+
+def test_profiles_this_cannot_run_are_refused_by_name(tmp_path: Path) -> None:
+    pytest.importorskip("swesmith", reason="the `swesmith` extra (in dev) is not installed")
+    cases = {
+        # Its test command is made per instance (`pytest -k <tests>`): taken as it is, it
+        # would end in `-k` and run nothing.
+        "python__mypy.e93f06ce": "makes each instance's test command itself",
+        "jqlang__jq.b9e19de7": "not a Python one",
+    }
+    for name, cause in cases.items():
+        record = published(f"{name}.func_x__1", f"swesmith/{name}")
+        with pytest.raises(TaskFormatError, match=cause) as err:
+            load_tasks(write(tmp_path, [record]))
+        assert err.value.instance_id == f"{name}.func_x__1"
+
+
+def test_without_swesmith_the_message_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from minisandbox.tasks.loaders import MissingDependencyError
+    from minisandbox.tasks.loaders.swesmith_profiles import _registry
+
+    monkeypatch.setitem(sys.modules, "swesmith.profiles", None)  # as if not installed
+    _registry.cache_clear()
+    try:
+        record = published("mahmoud__boltons.3bfcfdd0.x__1", "swesmith/mahmoud__boltons.3bfcfdd0")
+        with pytest.raises(MissingDependencyError, match=r"swe-minisandbox\[swesmith\]"):
+            load_tasks(write(tmp_path, [record]))
+    finally:
+        _registry.cache_clear()
+
+
+def test_test_ids_that_name_no_file_hide_no_file() -> None:
+    from minisandbox.tasks.specs import files_of_tests
+
+    ids = ["tests/test_a.py::test_x", "test_y (tornado.test.web_test.WebTest)"]
+    assert files_of_tests(ids) == {"tests/test_a.py"}

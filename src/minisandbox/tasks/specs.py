@@ -59,8 +59,9 @@ def task_id_problem(value: str) -> str | None:
 
 
 def files_of_tests(test_ids: list[str]) -> set[str]:
-    """The files of pytest test ids (`path::name` gives `path`)."""
-    return {t.split("::", 1)[0] for t in test_ids}
+    """The files of pytest test ids (`path::name` gives `path`); an id of another form
+    (unittest's `test_x (module.Class)`) names no file."""
+    return {t.split("::", 1)[0] for t in test_ids if "::" in t}
 
 
 def hidden_tests(task: Task) -> list[str]:

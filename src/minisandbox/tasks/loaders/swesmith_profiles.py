@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import os
 import re
 from typing import Any
 
@@ -73,12 +74,26 @@ def _registry() -> Any:
     Raises:
         MissingDependencyError: swesmith, or a package its profiles import, is missing.
     """
+    environ = dict(os.environ)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             from swesmith.profiles import registry
     except ImportError as e:
         raise MissingDependencyError(f"{_MISSING} ({e})") from None
+    finally:
+        # swesmith loads a .env file it finds above it into os.environ: our builds pass UV_*,
+        # PIP_* and proxy variables on, so nothing may change them behind our back.
+        os.environ.clear()
+        os.environ.update(environ)
     return registry
+
+
+def _base_test_cmd(profile: Any) -> Any:
+    """The get_test_cmd of SWE-smith's base profile class (the profile's own, if it is that)."""
+    for cls in type(profile).__mro__:
+        if cls.__name__ == "RepoProfile":
+            return getattr(cls, "get_test_cmd", None)
+    return getattr(type(profile), "get_test_cmd", None)
 
 
 def swesmith_profile(name: str) -> SwesmithProfile:
@@ -96,11 +111,18 @@ def swesmith_profile(name: str) -> SwesmithProfile:
             f"SWE-smith has no profile {name!r}: check the record's repo, or give the record "
             "an `environment`"
         ) from None
+    except Exception as e:  # a profile whose class fails to construct
+        raise LookupError(f"SWE-smith's profile {name!r} cannot be read: {e}") from None
     python = getattr(profile, "python_version", None)
     if python is None:
         raise LookupError(
             f"SWE-smith's profile {name!r} is a {type(profile).__name__}, not a Python one: "
             "only Python repositories run here"
+        )
+    if type(profile).get_test_cmd is not _base_test_cmd(profile):
+        raise LookupError(
+            f"SWE-smith's profile {name!r} makes each instance's test command itself (its "
+            "get_test_cmd): give the record a `test_cmd`, and an `environment`"
         )
     return SwesmithProfile(
         name=name,
