@@ -171,13 +171,16 @@ def load_dataset(
     rejected: list[TaskFormatError] | None = None,
 ) -> list[Task]:
     """The dataset's tasks (`ids` only, when given); with `rejected`, its malformed records go
-    there instead of failing the run (loaders.load_tasks)."""
+    there instead of failing the run (loaders.load_tasks), each named on stderr at once."""
     from minisandbox.tasks.loaders import load_tasks
 
-    return load_tasks(
+    loaded = load_tasks(
         tasks,
         envs_dir=envs_dir,
         instance_ids=ids or None,
         allow_absolute_paths=allow_abs,
         rejected=rejected,
     )
+    for e in rejected or []:
+        typer.secho(f"minisandbox: skipped (the others go on): {e}", fg=typer.colors.RED, err=True)
+    return loaded

@@ -90,8 +90,6 @@ def eval_(
         preds, loaded = _predictions_and_tasks(
             predictions, tasks, ids, envs_dir, allow_abs, rejected
         )
-        for e in rejected:  # (only records asked for are loaded) the others are evaluated
-            typer.secho(f"minisandbox: not evaluated: {e}", fg=typer.colors.RED, err=True)
         builder = make_builder(store, cache, mirror)
         # The run's logs go with the build logs, whatever the current directory.
         log_dir = run_log_dir(builder.settings.logs, run_id)

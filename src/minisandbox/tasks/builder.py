@@ -283,7 +283,8 @@ class Builder(LayerBuilder):
                     await self._wheelhouse(sb, task, logs)
                 if task.install_as_of:  # what it resolved to, so the build can be repeated
                     await step("freeze", f"{FREEZE} > /tmp/resolved.txt")
-                    meta["resolved"] = (await sb.read_text("/tmp/resolved.txt")).splitlines()
+                    freeze = await sb.read_text("/tmp/resolved.txt", max_bytes=1 << 20)
+                    meta["resolved"] = freeze.splitlines()
                 return meta
 
             build = LayerBuild(
