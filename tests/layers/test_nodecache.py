@@ -269,3 +269,37 @@ async def test_root_callers_cache_is_roots_alone(tmp_path: Path) -> None:
     NodeCache(shared, store, max_bytes=1 << 30, owner=owner)
     assert shared.stat().st_mode & 0o7777 == 0o755
     assert (shared / "layers").stat().st_mode & 0o7777 == 0o700
+
+
+def test_an_unpack_that_fits_by_the_count_walks_no_stamps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With thousands of layers on a node (SWE-smith's tasks are one each), walking every
+    layer's stamp at each unpack would cost more than the unpack: the count goes instead."""
+    store = LayerStore(tmp_path / "store")
+    layers = [make_layer(store, tmp_path, f"l{i}", 4096) for i in range(6)]
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30)
+    walks: list[int] = []
+    real = NodeCache._entries
+
+    def counting(self: NodeCache) -> list[tuple[float, str, int]]:
+        walks.append(1)
+        return real(self)
+
+    monkeypatch.setattr(NodeCache, "_entries", counting)
+    for layer in layers:
+        with cache.use_sync([layer]):
+            pass
+    assert len(walks) == 1, walks  # the first unpack: there was no count yet
+    count = tmp_path / "cache" / "accounts" / "bytes"
+    assert (
+        int(count.read_text())
+        == cache.usage().bytes
+        == sum(store.info(layer).size for layer in layers)
+    )
+    # Without a count (an unpack failed, say), the next unpack counts afresh.
+    count.unlink()
+    walks.clear()
+    with cache.use_sync([make_layer(store, tmp_path, "l6", 4096)]):
+        pass
+    assert len(walks) == 1 and int(count.read_text()) == cache.usage().bytes

@@ -6,6 +6,8 @@ Layout of `root`:
     stamps/<id>       its unpacked size in bytes (eviction never walks trees); mtime = last use
     locks/<id>        flock target: shared = pinned (in use), exclusive = unpacking or evicting
     evict.lock        serialises eviction decisions across the node's processes
+    accounts/bytes    what the layers take, as the last full count left it plus the unpacks
+                      since: an unpack that fits under the cap by it needs no walk of stamps/
     compat/           the per-node compatibility layer (compat.py)
     tmp/<pid>.<rnd>*  unpacks in progress and evicted trees being deleted; a dead pid's are removed
     io-budget/        state of the default I/O budget ($MINISANDBOX_IO_BUDGET), if set
@@ -55,7 +57,7 @@ logger = logging.getLogger(__name__)
 
 # Everything of the cache lives in these (compat/: the per-node compatibility layer; io-budget/:
 # the default I/O budget's state), so that a root caller can keep them from its sandboxes' uid.
-_PRIVATE = ("layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget")
+_PRIVATE = ("layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget", "accounts")
 _POLL_MIN = 0.01
 _POLL_MAX = 0.2
 
@@ -271,7 +273,7 @@ class NodeCache:
                     if not _try_flock(fd, fcntl.LOCK_SH):
                         fcntl.flock(fd, fcntl.LOCK_UN)
                     elif fresh:
-                        await asyncio.to_thread(self.evict)
+                        await asyncio.to_thread(self._make_room, 0)
                     delay = _POLL_MIN
                     continue
                 await asyncio.sleep(delay)  # another process is unpacking or evicting it
@@ -287,7 +289,7 @@ class NodeCache:
     async def _unpack(self, layer_id: str) -> None:
         """Unpack a layer that is absent; the caller holds its exclusive lock."""
         size = (await asyncio.to_thread(self.store.info, layer_id)).size
-        await asyncio.to_thread(self.evict, size)
+        await asyncio.to_thread(self._make_room, size)
         if self.budget is None:
             await asyncio.to_thread(self._unpack_blocking, layer_id, size)
         else:
@@ -319,6 +321,9 @@ class NodeCache:
             if not unpacked and not self._present(layer_id):
                 with contextlib.suppress(FileNotFoundError):
                     self._stamp(layer_id).unlink()
+            if not unpacked:  # its bytes were counted in: the next unpack counts afresh
+                with contextlib.suppress(FileNotFoundError):
+                    self._count_path.unlink()
 
     # eviction and accounting
 
@@ -337,12 +342,51 @@ class NodeCache:
         Returns the evicted ids."""
         return self._evict(need_bytes, self.max_bytes)
 
-    def _evict(self, need_bytes: int, cap: int) -> list[str]:
+    def _make_room(self, need_bytes: int) -> list[str]:
+        """`evict(need_bytes)` before an unpack of that many bytes (0: after one), counting
+        them in. The walk of every layer's stamp that eviction needs is skipped while the
+        count says they fit: with thousands of layers on a node (a SWE-smith task is one),
+        a walk per unpack would cost more than the unpack."""
+        return self._evict(need_bytes, self.max_bytes, counted=True)
+
+    @property
+    def _count_path(self) -> Path:
+        return self.root / "accounts" / "bytes"
+
+    def _read_count(self) -> int | None:
+        try:
+            return int(self._count_path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def _write_count(self, total: int) -> None:
+        tmp = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.count"
+        tmp.write_text(str(total))
+        os.replace(tmp, self._count_path)
+
+    def _in_flight(self) -> int:
+        """Bytes of unpacks under way (a stamp without its layer, its lock held)."""
+        total = 0
+        for name in os.listdir(self.root / "stamps"):
+            if is_layer_id(name) and not self._present(name):
+                with contextlib.suppress(FileNotFoundError, ValueError):
+                    total += int(self._stamp(name).read_text())
+        return total
+
+    def _evict(self, need_bytes: int, cap: int, counted: bool = False) -> list[str]:
+        """Evict until `need_bytes` more fit under `cap`. With `counted`, by the count alone
+        while it fits (then count the bytes in); the full count is written either way, with
+        the unpacks under way: it may exceed what is on disk (a crashed unpack), never the
+        reverse, so the cap still holds."""
         evicted: list[str] = []
         trash: list[Path] = []
         lock = os.open(self.root / "evict.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # held only while deciding and renaming
+            known = self._read_count() if counted else None
+            if known is not None and known + need_bytes <= cap:
+                self._write_count(known + need_bytes)
+                return []
             entries = self._entries()
             total = sum(size for _m, _i, size in entries)
             for _mtime, layer_id, size in entries:
@@ -363,6 +407,8 @@ class NodeCache:
                     total -= size
                 finally:
                     os.close(fd)
+            self._sweep_stamps()
+            self._write_count(total + self._in_flight() + (need_bytes if counted else 0))
             if total + need_bytes > cap:
                 logger.warning(
                     "node cache %s over its cap: %d bytes in use (+%d needed) > %d; the rest is"
@@ -382,7 +428,6 @@ class NodeCache:
             self.pool.sweep()
         if evicted:
             logger.info("evicted layers %s", ", ".join(evicted))
-        self._sweep_stamps()
         return evicted
 
     def _sweep_stamps(self) -> None:
