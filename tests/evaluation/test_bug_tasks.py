@@ -5,6 +5,7 @@ not (the tests come back for evaluation)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -17,6 +18,14 @@ from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
 
 CLEAN = "return (isoparse(b).date() - isoparse(a).date()).days"
+EXAMPLES = Path(__file__).parents[2] / "src/minisandbox/tasks/examples"
+
+
+def _escaped(hex_id: str) -> str:
+    """A sha1 as printf escapes of its 20 raw bytes (how an index keeps it)."""
+    return "".join(f"\\{int(hex_id[i : i + 2], 16):03o}" for i in range(0, 40, 2))
+
+
 # As SWE-smith's procedural generators write them: plain unified diffs.
 BUGS = {
     "swap": (
@@ -101,6 +110,20 @@ async def test_nothing_in_a_bug_tasks_sandbox_shows_the_clean_code(
             " | while read t; do git ls-tree -r $t; done | grep -c 'tests/\\|test_datekit'"
         )
         assert r.stdout == "0\n", r.output
+        # Nor any file of .git that holds the clean file's blob id, as text or as the raw bytes
+        # an index keeps (a shared index of the repository layer would).
+        clean = (EXAMPLES / "datekit/repo/src/datekit/__init__.py").read_bytes()
+        blob_id = hashlib.sha1(b"blob %d\0" % len(clean) + clean).hexdigest()
+        r = await sb.execute(
+            "find /testbed/.git -type f -exec grep -lF -e "
+            f"{blob_id} -e \"$(printf '{_escaped(blob_id)}')\" {{}} +; echo done"
+        )
+        assert r.stdout == "done\n", r.output
+        # Positive control: the bug's own blob id is in the index, as raw bytes.
+        r = await sb.execute("git rev-parse HEAD:src/datekit/__init__.py")
+        bug_id = r.stdout.strip()
+        r = await sb.execute(f"grep -cF \"$(printf '{_escaped(bug_id)}')\" .git/index")
+        assert r.stdout == "1\n", r.output
 
 
 async def test_the_reversed_bug_resolves_and_an_empty_patch_does_not(
@@ -219,3 +242,25 @@ def test_bad_bug_records_fail_alone_naming_the_instance_and_the_cause(
     assert sorted(summary["error_ids"]) == ["datekit.ffc2139f.lost__2", "datekit.ffc2139f.stale__1"]
     assert b"skipped (the others go on): " in r.stderr, r.stderr
     assert b"SWE-smith has no profile 'nobody__nothing.1234567'" in r.stderr, r.stderr
+
+
+async def test_bugs_hiding_the_same_tests_keep_one_copy_of_them(
+    settings: BuildSettings, bug_tasks: list[Task]
+) -> None:
+    """The hidden tests come back from a layer of their own, stored once for identical ones
+    (in each bug layer's metadata they took more than the bug layer itself)."""
+    from minisandbox.tasks.hidden_tests import LAYER_KEY, restore_patch
+
+    builder = Builder(settings)
+    metas = []
+    for task in bug_tasks:
+        result = await builder.build(task)
+        assert result.status in ("built", "cached"), result.error
+        metas.append(builder.store.meta(result.task_layer or "") or {})
+    assert len({m[LAYER_KEY] for m in metas}) == 1, metas  # both hide tests/test_datekit.py
+    assert all("restore_tests" not in m for m in metas)
+    patch = restore_patch(builder.store, metas[0])
+    assert (
+        patch.startswith("diff --git a/tests/test_datekit.py") and "def test_days_between" in patch
+    )
+    assert builder.evaluation_task(bug_tasks[0]).test_patch == patch

@@ -360,6 +360,23 @@ class LayerStore(StoreLayout):
             raise
         return dest
 
+    def read_file(self, layer_id: str, path: str) -> bytes:
+        """The bytes of the regular file at `path` in the layer ("/"-joined, relative), read
+        from its blob (verified) without unpacking the layer.
+
+        Raises:
+            FileNotFoundError: the layer has no regular file there.
+            CorruptLayerError: its manifest or blob is missing or corrupt.
+        """
+        manifest = self.read_manifest(layer_id)
+        for entry in manifest.entries:
+            if entry.path == path and entry.kind == "f":
+                if entry.blob < 0:
+                    return b""
+                data = self.read_blob(manifest.blobs[entry.blob])
+                return data[entry.offset : entry.offset + entry.size]
+        raise FileNotFoundError(f"layer {layer_id} has no file {path!r}")
+
     def read_blob(self, sha: str) -> bytes:
         """A blob's bytes, verified. Raises CorruptLayerError when it is missing or corrupt."""
         return blobs.read_blob(self.blob_path(check_layer_id(sha)), sha, "(any)")

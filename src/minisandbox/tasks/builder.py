@@ -21,6 +21,7 @@ Every step's output goes to a log under `logs/`; a failure names its step and ke
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import re
@@ -44,6 +45,7 @@ from minisandbox.errors import MiniSandboxError, TaskBuildError, TaskNotBuiltErr
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks import repos as repos_module
 from minisandbox.tasks.eval_script import eval_pip_requirements
+from minisandbox.tasks.hidden_tests import publish_restore, restore_patch
 from minisandbox.tasks.install import install_commands
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
@@ -60,8 +62,7 @@ _DEPENDENCY_FILE = re.compile(
     r"(^|/)(setup\.py|setup\.cfg|pyproject\.toml|requirements[^/]*\.txt)$"
 )
 _EVAL_DEPS_FORMAT = 1
-_BUG_FORMAT = 2
-_RESTORE_KEY = "restore_tests"  # in a bug layer's meta: the patch that brings back its tests
+_BUG_FORMAT = 3  # 3: its hidden tests in a layer of their own (hidden_tests.py)
 
 
 class BuildResult(BaseModel):
@@ -142,7 +143,7 @@ class Builder(LayerBuilder):
         stack = self._stack(task) if task.bug_patch else []
         if not stack:
             return task
-        restore = (self.store.meta(stack[-1]) or {}).get(_RESTORE_KEY, "")
+        restore = restore_patch(self.store, self.store.meta(stack[-1]) or {})
         others = files_of_tests(task.pass_to_pass) - set(hidden_tests(task))
         return task.model_copy(
             update={"test_patch": restore, "test_files": sorted(others | set(task.test_files))}
@@ -325,7 +326,8 @@ class Builder(LayerBuilder):
                     "bug_patch",
                     f"bash /tmp/apply_bug.sh /tmp/bug.patch {files}",
                 )
-                return {_RESTORE_KEY: await sb.read_text("/tmp/restore-tests.patch")}
+                patch = await sb.read_text("/tmp/restore-tests.patch")
+                return await asyncio.to_thread(publish_restore, self.store, patch)
 
             build = LayerBuild(
                 ref=ref,
