@@ -241,7 +241,7 @@ async def main() -> dict[str, Any]:
         _common.log(f"{name}: kept {len(valid)}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("".join(json.dumps(r) + "\n" for r in kept))
-    return {"out": str(args.out), "tasks": len(kept), "repos": summary, "host": _common.host_info()}
+    return {"out": args.out.name, "tasks": len(kept), "repos": summary, "host": _common.host_info()}
 
 
 if __name__ == "__main__":
