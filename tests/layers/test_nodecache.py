@@ -227,6 +227,8 @@ def test_corrupt_layer_leaves_cache_clean(tmp_path: Path) -> None:
     assert not cache.usage().pinned
     assert list((tmp_path / "cache" / "tmp").iterdir()) == []
     assert sorted(os.listdir(tmp_path / "cache" / "stamps")) == cache.cached()
+    # What the failed unpack had counted in is counted afresh by the next one.
+    assert not (tmp_path / "cache" / "accounts" / "bytes").exists()
     with cache.use_sync([good]) as paths:
         assert (paths[0] / "data" / "name.txt").read_text() == "good"
 
@@ -257,7 +259,7 @@ async def test_root_callers_cache_is_roots_alone(tmp_path: Path) -> None:
     cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30, owner=owner)
     async with cache.use([layer]) as (path,):
         assert (path.stat().st_uid, path.stat().st_gid) == owner
-    for sub in ("", "layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget"):
+    for sub in ("", "layers", "stamps", "locks", "tmp", "pool", "compat", "io-budget", "accounts"):
         st = (tmp_path / "cache" / sub).stat()
         assert (st.st_uid, st.st_mode & 0o7777) == (0, 0o700), sub
     assert (tmp_path / "cache" / "evict.lock").stat().st_mode & 0o777 == 0o600
@@ -303,3 +305,27 @@ def test_an_unpack_that_fits_by_the_count_walks_no_stamps(
     with cache.use_sync([make_layer(store, tmp_path, "l6", 4096)]):
         pass
     assert len(walks) == 1 and int(count.read_text()) == cache.usage().bytes
+
+
+def test_a_full_count_during_an_unpack_still_counts_it(tmp_path: Path) -> None:
+    """Between making room for an unpack and the unpack itself (waiting for the I/O budget),
+    another process's full count must count it: otherwise the count stays low and the cache
+    goes over its cap until it is counted again."""
+    import fcntl
+
+    store = LayerStore(tmp_path / "store")
+    cached, coming = (make_layer(store, tmp_path, n, 4096) for n in ("cached", "coming"))
+    size = store.info(coming).size
+    cache = NodeCache(tmp_path / "cache", store, max_bytes=1 << 30)
+    with cache.use_sync([cached]):
+        pass
+    fd = cache._open_lock(coming)  # as _pin holds it for the unpack
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        cache._make_room(size, coming)
+        cache.evict()  # a full count, from anyone, meanwhile
+        cache._unpack_blocking(coming, size)
+    finally:
+        os.close(fd)
+    count = int((tmp_path / "cache" / "accounts" / "bytes").read_text())
+    assert count >= cache.usage().bytes == store.info(cached).size + size

@@ -289,7 +289,7 @@ class NodeCache:
     async def _unpack(self, layer_id: str) -> None:
         """Unpack a layer that is absent; the caller holds its exclusive lock."""
         size = (await asyncio.to_thread(self.store.info, layer_id)).size
-        await asyncio.to_thread(self._make_room, size)
+        await asyncio.to_thread(self._make_room, size, layer_id)
         if self.budget is None:
             await asyncio.to_thread(self._unpack_blocking, layer_id, size)
         else:
@@ -342,12 +342,12 @@ class NodeCache:
         Returns the evicted ids."""
         return self._evict(need_bytes, self.max_bytes)
 
-    def _make_room(self, need_bytes: int) -> list[str]:
-        """`evict(need_bytes)` before an unpack of that many bytes (0: after one), counting
-        them in. The walk of every layer's stamp that eviction needs is skipped while the
+    def _make_room(self, need_bytes: int, layer_id: str | None = None) -> list[str]:
+        """`evict(need_bytes)` before the unpack of `layer_id` (None: after one), counting its
+        bytes in. The walk of every layer's stamp that eviction needs is skipped while the
         count says they fit: with thousands of layers on a node (a SWE-smith task is one),
         a walk per unpack would cost more than the unpack."""
-        return self._evict(need_bytes, self.max_bytes, counted=True)
+        return self._evict(need_bytes, self.max_bytes, counted=True, stamp=layer_id)
 
     @property
     def _count_path(self) -> Path:
@@ -373,11 +373,15 @@ class NodeCache:
                     total += int(self._stamp(name).read_text())
         return total
 
-    def _evict(self, need_bytes: int, cap: int, counted: bool = False) -> list[str]:
+    def _evict(
+        self, need_bytes: int, cap: int, counted: bool = False, stamp: str | None = None
+    ) -> list[str]:
         """Evict until `need_bytes` more fit under `cap`. With `counted`, by the count alone
         while it fits (then count the bytes in); the full count is written either way, with
         the unpacks under way: it may exceed what is on disk (a crashed unpack), never the
-        reverse, so the cap still holds."""
+        reverse, so the cap still holds. `stamp` is the layer about to be unpacked (its lock
+        held): its stamp is written before the eviction lock is let go, so that a full count
+        from then on counts it as under way."""
         evicted: list[str] = []
         trash: list[Path] = []
         lock = os.open(self.root / "evict.lock", os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -386,29 +390,16 @@ class NodeCache:
             known = self._read_count() if counted else None
             if known is not None and known + need_bytes <= cap:
                 self._write_count(known + need_bytes)
+                if stamp is not None:
+                    self._write_stamp(stamp, need_bytes)
                 return []
-            entries = self._entries()
-            total = sum(size for _m, _i, size in entries)
-            for _mtime, layer_id, size in entries:
-                if total + need_bytes <= cap:
-                    break
-                fd = self._open_lock(layer_id)
-                try:
-                    if not _try_flock(fd, fcntl.LOCK_EX):
-                        continue  # in use, or being unpacked
-                    if not self._present(layer_id):
-                        continue
-                    target = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.evicted"
-                    os.rename(self.root / "layers" / layer_id, target)
-                    with contextlib.suppress(FileNotFoundError):
-                        self._stamp(layer_id).unlink()
-                    trash.append(target)
-                    evicted.append(layer_id)
-                    total -= size
-                finally:
-                    os.close(fd)
             self._sweep_stamps()
-            self._write_count(total + self._in_flight() + (need_bytes if counted else 0))
+            # Before the layers: an unpack that lands in between is counted twice, not never.
+            in_flight = self._in_flight()
+            total = self._evict_lru(need_bytes, cap, evicted, trash)
+            self._write_count(total + in_flight + (need_bytes if counted else 0))
+            if stamp is not None:
+                self._write_stamp(stamp, need_bytes)
             if total + need_bytes > cap:
                 logger.warning(
                     "node cache %s over its cap: %d bytes in use (+%d needed) > %d; the rest is"
@@ -429,6 +420,32 @@ class NodeCache:
         if evicted:
             logger.info("evicted layers %s", ", ".join(evicted))
         return evicted
+
+    def _evict_lru(self, need_bytes: int, cap: int, evicted: list[str], trash: list[Path]) -> int:
+        """Under the eviction lock: move least recently used layers not in use to tmp/ (into
+        `trash`, their ids into `evicted`) until `need_bytes` more fit under `cap`; return
+        the bytes the layers left take."""
+        entries = self._entries()
+        total = sum(size for _m, _i, size in entries)
+        for _mtime, layer_id, size in entries:
+            if total + need_bytes <= cap:
+                break
+            fd = self._open_lock(layer_id)
+            try:
+                if not _try_flock(fd, fcntl.LOCK_EX):
+                    continue  # in use, or being unpacked
+                if not self._present(layer_id):
+                    continue
+                target = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.evicted"
+                os.rename(self.root / "layers" / layer_id, target)
+                with contextlib.suppress(FileNotFoundError):
+                    self._stamp(layer_id).unlink()
+                trash.append(target)
+                evicted.append(layer_id)
+                total -= size
+            finally:
+                os.close(fd)
+        return total
 
     def _sweep_stamps(self) -> None:
         # A stamp without its layer: an unpack that failed or crashed.
