@@ -846,3 +846,19 @@ def test_gc_keeps_a_lock_file_that_is_held(tmp_path: Path) -> None:
     os.utime(store.lock_path(gone), (old, old))
     store.gc(keep=set())
     assert not store.lock_path(gone).exists(), "gc kept an old, unheld lock file"  # control
+
+
+def test_read_file_reads_one_file_of_a_stored_layer(tmp_path: Path) -> None:
+    """Small files share a blob (a pack): each comes back whole from its offset."""
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    files = {"a.txt": b"alpha\n", "d/b.txt": b"beta" * 100, "empty": b""}
+    for name, data in files.items():
+        (tree / name).write_bytes(data)
+    store = LayerStore(tmp_path / "store")
+    layer = store.publish(tree).id
+    for name, data in files.items():
+        assert store.read_file(layer, name) == data
+    for absent in ("nope", "d"):  # no such file; a directory
+        with pytest.raises(FileNotFoundError):
+            store.read_file(layer, absent)

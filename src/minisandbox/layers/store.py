@@ -373,8 +373,14 @@ class LayerStore(StoreLayout):
             if entry.path == path and entry.kind == "f":
                 if entry.blob < 0:
                     return b""
-                data = self.read_blob(manifest.blobs[entry.blob])
-                return data[entry.offset : entry.offset + entry.size]
+                sha = manifest.blobs[entry.blob]
+                data = blobs.read_blob(self.blob_path(sha), sha, layer_id)
+                found = data[entry.offset : entry.offset + entry.size]
+                if len(found) != entry.size:
+                    raise CorruptLayerError(
+                        layer_id, self.blob_path(sha), f"{path!r} is cut short in its blob"
+                    )
+                return found
         raise FileNotFoundError(f"layer {layer_id} has no file {path!r}")
 
     def read_blob(self, sha: str) -> bytes:

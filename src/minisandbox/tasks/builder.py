@@ -327,7 +327,7 @@ class Builder(LayerBuilder):
                     f"bash /tmp/apply_bug.sh /tmp/bug.patch {files}",
                 )
                 patch = await sb.read_text("/tmp/restore-tests.patch")
-                return await asyncio.to_thread(publish_restore, self.store, patch)
+                return await asyncio.to_thread(publish_restore, self.store, patch, force)
 
             build = LayerBuild(
                 ref=ref,

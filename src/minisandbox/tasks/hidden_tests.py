@@ -17,25 +17,25 @@ from typing import Any
 from minisandbox.layers.store import LayerStore
 
 LAYER_KEY = "restore_tests_layer"  # in a bug layer's meta: the layer holding the patch
-_OLD_KEY = "restore_tests"  # the patch itself, as bug layers before this module kept it
 _FILE = "restore-tests.patch"
 
 
-def publish_restore(store: LayerStore, patch: str) -> dict[str, Any]:
-    """Store `patch` (once for identical ones) and return what the bug layer's metadata keeps
-    of it (nothing for an empty patch)."""
+def publish_restore(store: LayerStore, patch: str, force: bool = False) -> dict[str, Any]:
+    """Store `patch` (once for identical ones; `force` rewrites a corrupt copy, as a forced
+    rebuild does) and return what the bug layer's metadata keeps of it (nothing for an empty
+    patch)."""
     if not patch:
         return {}
     with tempfile.TemporaryDirectory(dir=store.root / "tmp") as tmp:
         tree = Path(tmp) / "tree"
         tree.mkdir()
         path = tree / _FILE
-        path.write_text(patch)
+        path.write_bytes(patch.encode())  # (UTF-8, whatever the locale)
         # Fixed modes and times: the same patch is the same tree, and so the same layer.
         os.chmod(path, 0o644)
         os.utime(path, (0, 0))
         os.chmod(tree, 0o755)
-        layer = store.publish(tree, meta={"kind": "hidden-tests"})
+        layer = store.publish(tree, meta={"kind": "hidden-tests"}, verify_existing=force)
     store.tag(f"tests/{layer.id}", layer.id)
     return {LAYER_KEY: layer.id}
 
@@ -44,9 +44,8 @@ def restore_patch(store: LayerStore, bug_meta: dict[str, Any]) -> str:
     """The patch that brings back a bug task's hidden tests, from its bug layer's metadata.
 
     Raises:
-        CorruptLayerError: the layer holding it is missing or corrupt.
+        CorruptLayerError, LayerNotFoundError: the layer holding it is missing or corrupt
+            (`build --force` of the task makes it again).
     """
-    if _OLD_KEY in bug_meta:
-        return str(bug_meta[_OLD_KEY])
     layer = bug_meta.get(LAYER_KEY)
     return store.read_file(layer, _FILE).decode() if layer else ""
