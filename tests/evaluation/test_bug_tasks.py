@@ -264,3 +264,29 @@ async def test_bugs_hiding_the_same_tests_keep_one_copy_of_them(
         patch.startswith("diff --git a/tests/test_datekit.py") and "def test_days_between" in patch
     )
     assert builder.evaluation_task(bug_tasks[0]).test_patch == patch
+
+
+async def test_a_bug_task_whose_hidden_tests_are_gone_is_made_again(
+    settings: BuildSettings, bug_tasks: list[Task], tmp_path: Path
+) -> None:
+    """A gc (or a check that dropped them as broken) may remove the hidden tests' layer: the
+    task then counts as not built, and building it makes its bug layer and tests again,
+    instead of leaving a task that cannot be graded."""
+    from minisandbox.tasks.hidden_tests import LAYER_KEY
+
+    own = BuildSettings(
+        store=tmp_path / "store", cache=tmp_path / "layers", git_mirror=settings.git_mirror
+    )
+    task = bug_tasks[0]
+    builder = Builder(own)
+    result = await builder.build(task)
+    assert result.status == "built", result.error
+    tests = (builder.store.meta(result.task_layer or "") or {})[LAYER_KEY]
+    builder.store.untag(f"tests/{tests}")
+    builder.store.gc(keep={r.id for r in builder.store.list()} - {tests}, grace=0)
+    assert not builder.store.exists(tests) and builder.layers_of(task) is None
+    again = await Builder(own).build(task)
+    assert [ref.split("/")[0] for ref in again.built_layers] == ["bug"], again.built_layers
+    assert builder.store.exists(tests) and builder.layers_of(task) is not None
+    graded = await Evaluator(Builder(own), timeout=120).evaluate(task, task.gold_patch)
+    assert graded.resolved, graded

@@ -45,7 +45,7 @@ from minisandbox.errors import MiniSandboxError, TaskBuildError, TaskNotBuiltErr
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks import repos as repos_module
 from minisandbox.tasks.eval_script import eval_pip_requirements
-from minisandbox.tasks.hidden_tests import publish_restore, restore_patch
+from minisandbox.tasks.hidden_tests import publish_restore, restore_patch, tests_present
 from minisandbox.tasks.install import install_commands
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
@@ -180,7 +180,9 @@ class Builder(LayerBuilder):
         if not task.bug_patch:
             return [env_layer, repo_layer]
         bug_layer = self.store.resolve(self.bug_ref(task, repo_layer))
-        return [env_layer, repo_layer, bug_layer] if bug_layer else []
+        if not bug_layer or not tests_present(self.store, self.store.meta(bug_layer) or {}):
+            return []
+        return [env_layer, repo_layer, bug_layer]
 
     # ---------------------------------------------------------------- building
 
@@ -341,6 +343,9 @@ class Builder(LayerBuilder):
             )
             return await self.build_layer(build, made, force)
 
+        found = self.store.resolve(ref)
+        if found and not tests_present(self.store, self.store.meta(found) or {}):
+            force = True  # its hidden tests are gone: made again with the layer
         return await self.once(ref, force, make)
 
     @staticmethod

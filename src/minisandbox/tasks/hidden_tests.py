@@ -49,3 +49,11 @@ def restore_patch(store: LayerStore, bug_meta: dict[str, Any]) -> str:
     """
     layer = bug_meta.get(LAYER_KEY)
     return store.read_file(layer, _FILE).decode() if layer else ""
+
+
+def tests_present(store: LayerStore, bug_meta: dict[str, Any]) -> bool:
+    """Whether the hidden tests a bug layer's metadata names are in the store (a gc, or a
+    check that dropped them as broken, may have removed them: the bug layer is then made
+    again rather than left unable to be graded)."""
+    layer = bug_meta.get(LAYER_KEY)
+    return not layer or store.exists(layer)
