@@ -4,6 +4,7 @@ profiles (the real `swesmith` package)."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +98,19 @@ def test_test_ids_that_name_no_file_hide_no_file() -> None:
 
     ids = ["tests/test_a.py::test_x", "test_y (tornado.test.web_test.WebTest)"]
     assert files_of_tests(ids) == {"tests/test_a.py"}
+
+
+def test_importing_swesmith_leaves_our_logging_alone() -> None:
+    """swesmith sets up root logging as it imports (every INFO line of ours then reached
+    stderr, `--quiet` or not). In a process of its own: pytest's own logging setup would
+    hide it (logging.basicConfig does nothing once the root logger has handlers)."""
+    pytest.importorskip("swesmith", reason="the `swesmith` extra (in dev) is not installed")
+    code = (
+        "import logging\n"
+        "from minisandbox.tasks.loaders.swesmith_profiles import _registry\n"
+        "_registry()\n"
+        "root = logging.getLogger()\n"
+        "print(len(root.handlers), root.level)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert r.stdout == "0 30\n", (r.stdout, r.stderr[-2000:])

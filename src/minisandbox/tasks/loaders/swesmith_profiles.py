@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import logging
 import os
 import re
 from typing import Any
@@ -75,6 +76,8 @@ def _registry() -> Any:
         MissingDependencyError: swesmith, or a package its profiles import, is missing.
     """
     environ = dict(os.environ)
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             from swesmith.profiles import registry
@@ -82,9 +85,12 @@ def _registry() -> Any:
         raise MissingDependencyError(f"{_MISSING} ({e})") from None
     finally:
         # swesmith loads a .env file it finds above it into os.environ: our builds pass UV_*,
-        # PIP_* and proxy variables on, so nothing may change them behind our back.
+        # PIP_* and proxy variables on, so nothing may change them behind our back. It also
+        # sets up logging (every INFO line on stderr, `--quiet` or not): the caller's stays.
         os.environ.clear()
         os.environ.update(environ)
+        root.handlers[:] = handlers
+        root.setLevel(level)
     return registry
 
 
