@@ -50,7 +50,7 @@ from minisandbox.tasks.install import install_commands
 from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.service_specs import check_services, parse_service
-from minisandbox.tasks.specs import Task, files_in_patch, files_of_tests, hidden_tests
+from minisandbox.tasks.specs import Task, files_in_patch, hidden_tests, shown_tests
 from minisandbox.utils.hashing import content_digest
 from minisandbox.utils.resources import package_text
 
@@ -144,10 +144,8 @@ class Builder(LayerBuilder):
         if not stack:
             return task
         restore = restore_patch(self.store, self.store.meta(stack[-1]) or {})
-        others = files_of_tests(task.pass_to_pass) - set(hidden_tests(task))
-        return task.model_copy(
-            update={"test_patch": restore, "test_files": sorted(others | set(task.test_files))}
-        )
+        files = sorted({*shown_tests(task), *task.test_files})
+        return task.model_copy(update={"test_patch": restore, "test_files": files})
 
     def eval_deps_ref(self, task: Task, task_layer: str) -> str | None:
         """The ref of the task's evaluation-only wheels (see EVAL_WHEELHOUSE), or None when its
@@ -180,7 +178,7 @@ class Builder(LayerBuilder):
         if not task.bug_patch:
             return [env_layer, repo_layer]
         bug_layer = self.store.resolve(self.bug_ref(task, repo_layer))
-        if not bug_layer or not tests_present(self.store, self.store.meta(bug_layer) or {}):
+        if not bug_layer or not tests_present(self.store, bug_layer):
             return []
         return [env_layer, repo_layer, bug_layer]
 
@@ -318,9 +316,8 @@ class Builder(LayerBuilder):
                 # the history shows the bug, i.e. the answer (helpers/apply_bug.sh).
                 await sb.write_file("/tmp/bug.patch", task.bug_patch)
                 await self._helper(sb, "apply_bug.sh")
-                hidden = hidden_tests(task)
-                others = sorted(files_of_tests(task.pass_to_pass) - set(hidden))
-                files = " ".join(shlex.quote(f) for f in [*hidden, "--", *others])
+                listed = [*hidden_tests(task), "--", *shown_tests(task)]
+                files = " ".join(shlex.quote(f) for f in listed)
                 await self.step(
                     sb,
                     task.id,
@@ -344,7 +341,7 @@ class Builder(LayerBuilder):
             return await self.build_layer(build, made, force)
 
         found = self.store.resolve(ref)
-        if found and not tests_present(self.store, self.store.meta(found) or {}):
+        if found and not tests_present(self.store, found):
             force = True  # its hidden tests are gone: made again with the layer
         return await self.once(ref, force, make)
 

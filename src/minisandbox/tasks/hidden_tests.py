@@ -51,9 +51,9 @@ def restore_patch(store: LayerStore, bug_meta: dict[str, Any]) -> str:
     return store.read_file(layer, _FILE).decode() if layer else ""
 
 
-def tests_present(store: LayerStore, bug_meta: dict[str, Any]) -> bool:
+def tests_present(store: LayerStore, bug_layer: str) -> bool:
     """Whether the hidden tests a bug layer's metadata names are in the store (a gc, or a
     check that dropped them as broken, may have removed them: the bug layer is then made
     again rather than left unable to be graded)."""
-    layer = bug_meta.get(LAYER_KEY)
+    layer = (store.meta(bug_layer) or {}).get(LAYER_KEY)
     return not layer or store.exists(layer)

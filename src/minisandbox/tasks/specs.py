@@ -70,6 +70,12 @@ def hidden_tests(task: Task) -> list[str]:
     return sorted(files_of_tests(task.fail_to_pass)) if task.bug_patch else []
 
 
+def shown_tests(task: Task) -> list[str]:
+    """The PASS_TO_PASS tests' files a bug task does not hide: in its sandbox, and reset to
+    its commit at evaluation."""
+    return sorted(files_of_tests(task.pass_to_pass) - set(hidden_tests(task)))
+
+
 def files_in_patch(patch: str) -> list[str]:
     """Paths a unified diff touches (the new path; the old one for a deleted file), in order.
 
