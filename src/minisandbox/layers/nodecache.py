@@ -188,9 +188,8 @@ class NodeCache:
             os.utime(self._stamp(layer_id), ns=(now, now))
 
     def _size(self, layer_id: str) -> int:
-        try:
-            return int(self._stamp(layer_id).read_text())
-        except (FileNotFoundError, ValueError):
+        size = self._read_number(self._stamp(layer_id))
+        if size is None:
             # A layer without its stamp (removed by hand): measure once, then remember.
             total = 0
             for dirpath, _dirs, files in os.walk(self.root / "layers" / layer_id):
@@ -199,11 +198,24 @@ class NodeCache:
                         total += os.lstat(os.path.join(dirpath, name)).st_size
             self._write_stamp(layer_id, total)
             return total
+        return size
 
     def _write_stamp(self, layer_id: str, size: int) -> None:
-        tmp = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.stamp"
-        tmp.write_text(str(size))
-        os.replace(tmp, self._stamp(layer_id))
+        self._write_number(self._stamp(layer_id), size)
+
+    def _write_number(self, path: Path, value: int) -> None:
+        """`path` holds `value` (a stamp's size, the count), replaced atomically."""
+        tmp = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.number"
+        tmp.write_text(str(value))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def _read_number(path: Path) -> int | None:
+        """What `path` holds; None when it is absent or not a number."""
+        try:
+            return int(path.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
 
     def cached(self) -> list[str]:
         return sorted(n for n in os.listdir(self.root / "layers") if is_layer_id(n))
@@ -354,23 +366,17 @@ class NodeCache:
         return self.root / "accounts" / "bytes"
 
     def _read_count(self) -> int | None:
-        try:
-            return int(self._count_path.read_text())
-        except (FileNotFoundError, ValueError):
-            return None
+        return self._read_number(self._count_path)
 
     def _write_count(self, total: int) -> None:
-        tmp = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.count"
-        tmp.write_text(str(total))
-        os.replace(tmp, self._count_path)
+        self._write_number(self._count_path, total)
 
     def _in_flight(self) -> int:
         """Bytes of unpacks under way (a stamp without its layer, its lock held)."""
         total = 0
         for name in os.listdir(self.root / "stamps"):
             if is_layer_id(name) and not self._present(name):
-                with contextlib.suppress(FileNotFoundError, ValueError):
-                    total += int(self._stamp(name).read_text())
+                total += self._read_number(self._stamp(name)) or 0
         return total
 
     def _evict(
