@@ -189,3 +189,15 @@ async def test_killed_holder_is_reclaimed(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+async def test_peak_is_the_most_reserved_at_once(tmp_path: Path) -> None:
+    budget = LocalIOBudget(tmp_path, 10)
+    assert budget.peak() == 0
+    async with budget.reserve(3):
+        async with budget.reserve(4):
+            assert budget.peak() == 7
+        async with budget.reserve(2):
+            pass
+    # Seen by another instance on the same state (another process of the node).
+    assert LocalIOBudget(tmp_path, 10).peak() == 7

@@ -35,6 +35,7 @@ flushed: `clear()` such a cache.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import logging
@@ -127,6 +128,7 @@ class NodeCache:
             budget if budget is not None else LocalIOBudget.from_env(self.root / "io-budget")
         )
         self._sweep_tmp()
+        self.unpacked: collections.Counter[str] = collections.Counter()  # by this process
 
     def _make_private(self, created: bool) -> None:
         """A root caller's cache is root's alone: its layers are owned by the uid its sandboxes
@@ -319,6 +321,7 @@ class NodeCache:
             os.rename(work / "layer", self.root / "layers" / layer_id)
             self._touch(layer_id)
             unpacked = True
+            self.unpacked[layer_id] += 1
             logger.info(
                 "unpacked layer %s (%d bytes) in %.2fs",
                 layer_id,
