@@ -263,7 +263,7 @@ class LayerBuilder:
         Raises:
             BuildError: a step failed, or the collected directory is missing or behind a link.
         """
-        with self._workdir(f"{build.kind}-") as work:
+        with self.work_dir(f"{build.kind}-") as work:
             upper = work / "upper"
             upper.mkdir()
             if build.prepare is not None:
@@ -349,7 +349,7 @@ class LayerBuilder:
         return path
 
     @contextlib.contextmanager
-    def _workdir(self, prefix: str) -> Iterator[Path]:
+    def work_dir(self, prefix: str) -> Iterator[Path]:
         """A work directory under build-tmp/, named after its owner (workdirs), swept of what
         killed builds left on this builder's first build."""
         root = workdirs.build_tmp(self.settings)

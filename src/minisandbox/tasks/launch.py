@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 from minisandbox.envs.compat import compat_layer
 from minisandbox.envs.layerbuild import LayerBuilder
 from minisandbox.envs.layout import TESTBED, VENV
+from minisandbox.envs.portable import interpreter_layer, travels
 from minisandbox.sandbox.config import SandboxConfig
 from minisandbox.sandbox.sandbox import Sandbox
 
@@ -31,12 +32,31 @@ class TaskLayers(BaseModel):
     """The tools environments of the task's test services."""
     ro_paths: list[Path] = Field(default_factory=list)
     """Host directories mounted read-only at their own paths (interpreters)."""
+    interpreters: list[str] = Field(default_factory=list)
+    """Interpreters as layers, at their own paths (`portable`: for nodes without them)."""
     env_vars: dict[str, str] = Field(default_factory=dict)
     """The sandbox's environment variables (the recipe's, and the caller's)."""
 
     @property
     def ids(self) -> list[str]:
-        return [self.env, *self.base, self.task, *self.eval, *self.tools]
+        return [*self.interpreters, self.env, *self.base, self.task, *self.eval, *self.tools]
+
+
+async def portable(lb: LayerBuilder, layers: TaskLayers) -> TaskLayers:
+    """`layers` for a node that may not have this host's interpreters: each host path that can
+    travel becomes a layer of the store (published once, envs.portable).
+
+    Raises:
+        OSError: an interpreter's prefix could not be read.
+    """
+    moving = [p for p in layers.ro_paths if travels(p)]
+    ids = [await interpreter_layer(lb, p) for p in moving]
+    return layers.model_copy(
+        update={
+            "interpreters": list(dict.fromkeys([*layers.interpreters, *ids])),
+            "ro_paths": [p for p in layers.ro_paths if p not in moving],
+        }
+    )
 
 
 @contextlib.asynccontextmanager
