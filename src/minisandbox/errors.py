@@ -111,3 +111,12 @@ class ExampleTaskError(MiniSandboxError):
 class AgentEnvironmentError(MiniSandboxError):
     """An integration's environment was used out of order (not started, bound to another task,
     no task to evaluate) or could not read the agent's changes."""
+
+
+class NodeLostError(MiniSandboxError):
+    """The cluster node holding a sandbox was lost (removed, crashed, or its agent died): the
+    sandbox and what ran in it are gone."""
+
+
+class PoolError(MiniSandboxError):
+    """A sandbox pool cannot serve: not started, or no node of it is alive."""

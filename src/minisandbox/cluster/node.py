@@ -1,0 +1,216 @@
+"""The sandboxes of one node: started, driven and stopped where their files are.
+
+A pool runs one `NodeAgent` per node as a Ray actor (pool.py); the class itself knows nothing of
+Ray. Everything node-specific comes from the node: its cache directory and I/O budget from the
+environment its Ray node was started with ($MINISANDBOX_CACHE, $MINISANDBOX_IO_BUDGET, as for any
+process using minisandbox), so unpacks run on the node whose sandboxes need them and are bounded
+by that node's own budget, whatever the number of drivers; the store is the path the pool names
+(a filesystem every node sees).
+
+The node's sandbox capacity is a node-wide semaphore in its cache directory (layers.budget's, one
+unit per sandbox): every agent on the node, of any driver, counts against it, and a dead agent's
+sandboxes stop counting. Sandboxes of an agent that dies (its node lost, its driver gone) are
+removed by their janitors (sandbox.cleanup), as for any process killed under its sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from minisandbox.envs.settings import BuildSettings
+from minisandbox.errors import SandboxNotRunningError
+from minisandbox.evaluation.evaluator import EvalResult, Evaluator
+from minisandbox.layers.budget import LocalIOBudget
+from minisandbox.sandbox.commands import ExecResult
+from minisandbox.sandbox.sandbox import Sandbox
+from minisandbox.sandbox.session import SessionResult
+from minisandbox.tasks.builder import Builder
+from minisandbox.tasks.launch import TaskLayers, launch
+from minisandbox.tasks.specs import Task
+from minisandbox.utils.aio import settle
+
+
+class _Open:
+    """A sandbox of this node and what closes it."""
+
+    def __init__(self, sandbox: Sandbox, stack: contextlib.AsyncExitStack) -> None:
+        self.sandbox = sandbox
+        self.stack = stack
+
+
+class NodeAgent:
+    """One node's sandboxes for one pool. `store`: the layer store's path on this node;
+    `capacity`: how many sandboxes the node holds at once (all agents on it together)."""
+
+    def __init__(self, store: str, capacity: int) -> None:
+        self.builder = Builder(BuildSettings(store=Path(store)))
+        self.capacity = max(1, int(capacity))
+        self.slots = LocalIOBudget(self.builder.settings.cache / "slots", self.capacity)
+        self.opened: dict[str, _Open] = {}
+        self.hits = 0
+        self.misses = 0
+
+    # ---------------------------------------------------------------- what the pool sees
+
+    def info(self) -> dict[str, Any]:
+        """This node's facts for placement: capacity, sandboxes open (all agents), the layers
+        its cache holds, its I/O budget."""
+        cache = self.builder.cache
+        budget = cache.budget
+        return {
+            "pid": os.getpid(),
+            "cache": str(cache.root),
+            "capacity": self.capacity,
+            "open": self.slots.in_flight(),
+            "cached": cache.cached(),
+            "budget_bytes": budget.limit if isinstance(budget, LocalIOBudget) else None,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """What this agent did: layer hits and misses at its starts, unpacks per layer (by this
+        agent's process), the node's high-water mark of bytes being unpacked."""
+        budget = self.builder.cache.budget
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "unpacks": dict(self.builder.cache.unpacked),
+            "max_bytes_in_flight": budget.peak() if isinstance(budget, LocalIOBudget) else None,
+            "budget_bytes": budget.limit if isinstance(budget, LocalIOBudget) else None,
+            "open": len(self.opened),
+        }
+
+    # ---------------------------------------------------------------- sandboxes
+
+    async def _enter(
+        self, stack: contextlib.AsyncExitStack, layers: TaskLayers, overrides: dict[str, Any]
+    ) -> tuple[Sandbox, dict[str, Any]]:
+        began = time.monotonic()
+        await stack.enter_async_context(self.slots.reserve(1))
+        cache = self.builder.cache
+        present = sum(1 for i in dict.fromkeys(layers.ids) if (cache.root / "layers" / i).is_dir())
+        missing = len(dict.fromkeys(layers.ids)) - present
+        self.hits += present
+        self.misses += missing
+        sb = await stack.enter_async_context(launch(self.builder, layers, **overrides))
+        facts = {
+            "id": sb.id,
+            "hits": present,
+            "misses": missing,
+            "prep_s": time.monotonic() - began,
+            "open": self.slots.in_flight(),
+        }
+        return sb, facts
+
+    async def open(self, layers: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+        """Start a sandbox of `layers` (TaskLayers' fields); its id and how it started.
+
+        Raises:
+            SandboxStartError: and what `launch` raises.
+        """
+        stack = contextlib.AsyncExitStack()
+        try:
+            sb, facts = await self._enter(stack, TaskLayers.model_validate(layers), overrides)
+        except BaseException:
+            await stack.aclose()
+            raise
+        self.opened[sb.id] = _Open(sb, stack)
+        return facts
+
+    async def close(self, sandbox_id: str) -> None:
+        """Stop a sandbox (nothing if it is gone)."""
+        entry = self.opened.pop(sandbox_id, None)
+        if entry is not None:
+            await entry.stack.aclose()
+
+    async def close_all(self) -> None:
+        await settle([self.close(sid) for sid in list(self.opened)])
+
+    def _sandbox(self, sandbox_id: str) -> Sandbox:
+        entry = self.opened.get(sandbox_id)
+        if entry is None:
+            raise SandboxNotRunningError(f"sandbox {sandbox_id} is not open on this node")
+        return entry.sandbox
+
+    async def evaluate(
+        self,
+        layers: dict[str, Any],
+        task: dict[str, Any],
+        patch: str | None,
+        timeout: float,
+        overrides: dict[str, Any],
+    ) -> tuple[EvalResult, dict[str, Any]]:
+        """Evaluate `patch` for `task` (as evaluation runs it) in a fresh sandbox of `layers`,
+        as `Evaluator.evaluate` does; the result and how the sandbox started."""
+        began = time.monotonic()
+        the_task = Task.model_validate(task)
+        result = EvalResult(
+            instance_id=the_task.id,
+            status="error",
+            resolved=False,
+            reward=0.0,
+            empty_patch=not patch,
+        )
+        evaluator = Evaluator(self.builder, timeout=timeout)
+        async with contextlib.AsyncExitStack() as stack:
+            sb, facts = await self._enter(stack, TaskLayers.model_validate(layers), overrides)
+            await evaluator.run_in(sb, the_task, patch or "", result)
+        result.duration_s = round(time.monotonic() - began, 3)
+        return result, facts
+
+    # ---------------------------------------------------------------- one sandbox's API
+
+    async def execute(self, sandbox_id: str, command: Any, kwargs: dict[str, Any]) -> ExecResult:
+        return await self._sandbox(sandbox_id).execute(command, **kwargs)
+
+    async def read_file(self, sandbox_id: str, path: str, max_bytes: int) -> bytes:
+        return await self._sandbox(sandbox_id).read_file(path, max_bytes=max_bytes)
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> None:
+        await self._sandbox(sandbox_id).write_file(path, data, mode=mode)
+
+    async def upload(
+        self, sandbox_id: str, name: str, data: bytes, target: str, is_dir: bool
+    ) -> None:
+        """`Sandbox.upload` of what the driver sent: a file's bytes, or a directory as a tar."""
+        with tempfile.TemporaryDirectory(prefix="msb-upload-") as tmp:
+            source = Path(tmp) / name
+            if is_dir:
+                source.mkdir()
+                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                    # "tar": links stay links, nothing lands outside `source`, no set-id bits.
+                    await asyncio.to_thread(tar.extractall, source, filter="tar")
+            else:
+                await asyncio.to_thread(source.write_bytes, data)
+            await self._sandbox(sandbox_id).upload(source, target)
+
+    async def create_session(self, sandbox_id: str, name: str, kwargs: dict[str, Any]) -> None:
+        await self._sandbox(sandbox_id).create_session(name, **kwargs)
+
+    async def session_call(
+        self, sandbox_id: str, name: str, method: str, args: list[Any], kwargs: dict[str, Any]
+    ) -> tuple[SessionResult | None, bool]:
+        """`run`, `send`, `interrupt` or `close` of session `name`; its result and whether the
+        session is still busy (a command running, as after a timeout or an `expect` match)."""
+        if method not in ("run", "send", "interrupt", "close"):
+            raise ValueError(f"no session method {method!r}")
+        session = self._sandbox(sandbox_id).session(name)
+        result: SessionResult | None = await getattr(session, method)(*args, **kwargs)
+        return result, session.busy
+
+    def session_busy(self, sandbox_id: str, name: str) -> bool:
+        return self._sandbox(sandbox_id).session(name).busy
+
+    def sessions(self, sandbox_id: str) -> list[str]:
+        return self._sandbox(sandbox_id).sessions
+
+    def running(self, sandbox_id: str) -> bool:
+        entry = self.opened.get(sandbox_id)
+        return entry is not None and entry.sandbox.running

@@ -1,0 +1,377 @@
+"""A pool of task sandboxes across the nodes of a Ray cluster.
+
+    pool = SandboxPool()                      # ray.init() first, or it joins/starts one
+    await pool.start()
+    async with pool.sandbox(task) as sb:      # a RemoteSandbox: the API of a local Sandbox
+        await sb.execute("pytest -x")
+    result = await pool.evaluate(task, patch)  # an EvalResult, graded on the node
+    await pool.close()
+
+The driver resolves a task's layers (building what is missing, into the shared store) and turns
+host interpreters into layers (tasks.launch.portable), so a node needs only the store and bwrap.
+It places each sandbox (placement.py): on a node that already holds its layers, unless that node
+is much busier than another, never past a node's capacity (its `minisandbox_slots` resource);
+when every node is full, the sandbox waits for a slot. The node's agent (node.py) unpacks what is
+missing under the node's own I/O budget, starts the sandbox and keeps it; commands, files and
+sessions go to it by actor calls.
+
+A node lost mid-episode fails what ran there with NodeLostError (`pool.evaluate` gives an error
+result), or with `retries` starts the episode again on another node; the pool keeps serving on
+the others. The agents belong to the driver: when it dies, Ray ends them and their sandboxes'
+janitors remove the sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from minisandbox.cluster.node import NodeAgent
+from minisandbox.cluster.placement import NodeView, choose
+from minisandbox.cluster.remote import RemoteSandbox
+from minisandbox.errors import MiniSandboxError, NodeLostError, PoolError
+from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, EVAL_ENV, EvalResult
+from minisandbox.evaluation.validation import check_validated
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.launch import TaskLayers, portable
+from minisandbox.tasks.specs import Task
+
+try:
+    import ray
+    from ray.exceptions import RayActorError, RayTaskError
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
+    raise ImportError(
+        f"minisandbox.cluster needs Ray ({e}): pip install 'swe-minisandbox[ray]'"
+    ) from None
+
+T = TypeVar("T")
+SLOTS_RESOURCE = "minisandbox_slots"
+
+
+class PoolConfig(BaseModel):
+    """How a pool finds its nodes and places sandboxes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    store: Path | None = None
+    """The layer store, at a path every node sees (default: $MINISANDBOX_STORE or the
+    builder's default)."""
+    slots_resource: str = SLOTS_RESOURCE
+    """The custom resource that marks a sandbox node; its amount is the node's capacity."""
+    cache_aware: bool = True
+    """Prefer nodes whose cache holds a task's layers (else: the least loaded)."""
+    balance: float = Field(0.25, ge=0)
+    """How much busier (a fraction of capacity) a node holding the layers may be than the
+    least loaded one and still be preferred."""
+    retries: int = Field(0, ge=0)
+    """Default times an episode starts again on another node after its node was lost."""
+    build: bool = True
+    """Build a task's missing layers on the driver before placing it (else: TaskNotBuiltError)."""
+
+
+@dataclass
+class _Node(NodeView):
+    actor: Any = None
+    """The node's agent (a Ray actor handle)."""
+
+
+class SandboxPool:
+    """Sandboxes of tasks across a Ray cluster's sandbox nodes (see the module's docstring)."""
+
+    def __init__(self, config: PoolConfig | None = None, *, builder: Builder | None = None):
+        self.config = config or PoolConfig()
+        store = self.config.store
+        self.builder = builder or Builder(BuildSettings(store=store) if store else None)
+        self.nodes: list[_Node] = []
+        self._layers: dict[tuple[str, bool], tuple[TaskLayers, dict[str, int]]] = {}
+        self._sizes: dict[str, int] = {}
+        self._changed: asyncio.Condition | None = None
+        self._turn = 0
+        self.started: list[dict[str, Any]] = []
+        """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
+        the node's facts (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> SandboxPool:
+        """Start an agent on every live node that has the slots resource.
+
+        Raises:
+            PoolError: no node of the cluster has the slots resource.
+        """
+        if not ray.is_initialized():
+            ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+        self._changed = asyncio.Condition()
+        agent_class = ray.remote(NodeAgent)
+        store = str(self.builder.settings.store)
+        for node in ray.nodes():
+            capacity = int(node.get("Resources", {}).get(self.config.slots_resource, 0))
+            if not node.get("Alive") or capacity < 1:
+                continue
+            actor = agent_class.options(
+                num_cpus=0,
+                max_restarts=0,
+                max_task_retries=0,
+                max_concurrency=100_000,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
+            ).remote(store, capacity)
+            self.nodes.append(_Node(node_id=node["NodeID"], capacity=capacity, actor=actor))
+        if not self.nodes:
+            raise PoolError(
+                f"no live Ray node has the {self.config.slots_resource!r} resource: start each "
+                f"sandbox node with --resources='{{\"{self.config.slots_resource}\": N}}'"
+            )
+        infos = await asyncio.gather(
+            *(self._call(n, "info") for n in self.nodes), return_exceptions=True
+        )
+        for node, info in zip(self.nodes, infos, strict=True):
+            if isinstance(info, BaseException):
+                node.alive = False
+                continue
+            node.cached = set(info["cached"])
+            node.others = int(info["open"])
+        return self
+
+    async def __aenter__(self) -> SandboxPool:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Stop every sandbox of this pool and end its agents."""
+        nodes, self.nodes = self.nodes, []
+        for node in nodes:
+            if node.alive:
+                with contextlib.suppress(NodeLostError):
+                    await self._call(node, "close_all")
+            ray.kill(node.actor, no_restart=True)
+
+    # ---------------------------------------------------------------- calls to agents
+
+    async def _call(self, node: _Node, method: str, *args: Any) -> Any:
+        """`method` of the node's agent. Its own errors come back as they were raised there.
+
+        Raises:
+            NodeLostError: the node (or its agent) is gone.
+        """
+        try:
+            return await getattr(node.actor, method).remote(*args)
+        except RayActorError as e:
+            node.alive = False
+            await self._notify()
+            raise NodeLostError(f"node {node.node_id[:12]} was lost: {e}") from None
+        except RayTaskError as e:
+            cause = e.cause
+            raise (cause if isinstance(cause, Exception) else e) from None
+
+    async def _notify(self) -> None:
+        if self._changed is not None:
+            async with self._changed:
+                self._changed.notify_all()
+
+    # ---------------------------------------------------------------- placement
+
+    async def _task_layers(
+        self, task: Task, evaluation: bool, build: bool | None = None
+    ) -> tuple[TaskLayers, dict[str, int]]:
+        """The task's layers, portable (built first when missing and allowed), and their sizes;
+        remembered for the pool's life."""
+        key = (task.id, evaluation)
+        if key not in self._layers:
+            extra = EVAL_ENV if evaluation else None
+            layers = await self.builder.layers(
+                task,
+                build=self.config.build if build is None else build,
+                evaluation=evaluation,
+                extra_env=extra,
+            )
+            layers = await portable(self.builder, layers)
+            for layer in layers.ids:
+                if layer not in self._sizes:
+                    info = await asyncio.to_thread(self.builder.store.info, layer)
+                    self._sizes[layer] = info.size
+            self._layers[key] = (layers, {i: self._sizes[i] for i in layers.ids})
+        return self._layers[key]
+
+    async def _place(self, sizes: dict[str, int]) -> _Node:
+        """A node with a free slot for these layers (waiting for one), its slot taken.
+
+        Raises:
+            PoolError: no node is alive.
+        """
+        if self._changed is None:
+            raise PoolError("the pool is not started: await pool.start() first")
+        async with self._changed:
+            while True:
+                if not any(n.alive for n in self.nodes):
+                    raise PoolError("no node of the pool is alive")
+                self._turn += 1
+                node = choose(
+                    self.nodes,
+                    sizes,
+                    cache_aware=self.config.cache_aware,
+                    balance=self.config.balance,
+                    turn=self._turn,
+                )
+                if isinstance(node, _Node):
+                    node.mine += 1
+                    return node
+                await self._changed.wait()
+
+    async def _release(self, node: _Node) -> None:
+        node.mine -= 1
+        await self._notify()
+
+    def _started(self, node: _Node, layers: TaskLayers, facts: dict[str, Any]) -> None:
+        self.started.append({**facts, "node_id": node.node_id})
+        node.cached.update(layers.ids)
+        node.others = max(0, int(facts["open"]) - node.mine)
+
+    # ---------------------------------------------------------------- episodes
+
+    @contextlib.asynccontextmanager
+    async def sandbox(
+        self,
+        task: Task,
+        *,
+        evaluation: bool = False,
+        extra_env: dict[str, str] | None = None,
+        build: bool | None = None,
+        require_validated: bool | None = None,
+        **overrides: Any,
+    ) -> AsyncIterator[RemoteSandbox]:
+        """A sandbox of `task` on some node, stopped when the block ends, as `Builder.sandbox`
+        gives one: `extra_env` is added to the task's variables, `build` (default: the pool's)
+        builds its missing layers, `overrides` are SandboxConfig fields. An agent's sandbox:
+        refused for a task without a passing validation when the policy asks for one (as
+        evaluation.validation.agent_sandbox).
+
+        Raises:
+            NodeLostError: its node was lost (at the start, or by any later call).
+            PoolError: no node is alive.
+            TaskNotValidatedError: the policy is on and the task has no passing validation.
+            TaskNotBuiltError, TaskBuildError, SandboxStartError: as `Builder.sandbox`.
+        """
+        required = self.builder.settings.require_validated
+        if required if require_validated is None else require_validated:
+            check_validated(self.builder, task)
+        layers, sizes = await self._task_layers(task, evaluation, build)
+        if extra_env:
+            layers = layers.model_copy(update={"env_vars": {**layers.env_vars, **extra_env}})
+        node = await self._place(sizes)
+        try:
+            facts = await self._call(node, "open", layers.model_dump(mode="json"), overrides)
+            self._started(node, layers, facts)
+            sb = RemoteSandbox(self._call, node, facts)
+            try:
+                yield sb
+            finally:
+                if node.alive:
+                    with contextlib.suppress(NodeLostError):
+                        await self._call(node, "close", sb.id)
+        finally:
+            await self._release(node)
+
+    async def episode(
+        self,
+        task: Task,
+        run: Callable[[RemoteSandbox], Awaitable[T]],
+        *,
+        retries: int | None = None,
+        **overrides: Any,
+    ) -> T:
+        """`await run(sb)` in a sandbox of `task`; when its node is lost, again from the start
+        in a new sandbox elsewhere, at most `retries` times (default: the pool's).
+
+        Raises:
+            NodeLostError: the node was lost more times than `retries` allows.
+        """
+        left = self.config.retries if retries is None else retries
+        while True:
+            try:
+                async with self.sandbox(task, **overrides) as sb:
+                    return await run(sb)
+            except NodeLostError:
+                if left <= 0:
+                    raise
+                left -= 1
+
+    async def evaluate(
+        self,
+        task: Task,
+        patch: str | None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        retries: int | None = None,
+        **overrides: Any,
+    ) -> EvalResult:
+        """`Evaluator.evaluate` on a node: the patch graded in a fresh sandbox of the task. A
+        node lost mid-way gives an error result naming it (after `retries` new tries)."""
+        left = self.config.retries if retries is None else retries
+        while True:
+            try:
+                return await self._evaluate_once(task, patch, timeout, overrides)
+            except NodeLostError as e:
+                if left <= 0:
+                    return EvalResult(
+                        instance_id=task.id,
+                        status="error",
+                        resolved=False,
+                        reward=0.0,
+                        empty_patch=not patch,
+                        reason=f"NodeLostError: {e}",
+                    )
+                left -= 1
+            except MiniSandboxError as e:
+                return EvalResult(
+                    instance_id=task.id,
+                    status="error",
+                    resolved=False,
+                    reward=0.0,
+                    empty_patch=not patch,
+                    reason=f"{type(e).__name__}: {e}",
+                )
+
+    async def _evaluate_once(
+        self, task: Task, patch: str | None, timeout: float, overrides: dict[str, Any]
+    ) -> EvalResult:
+        layers, sizes = await self._task_layers(task, True)
+        graded = self.builder.evaluation_task(task).model_dump(mode="json")
+        node = await self._place(sizes)
+        try:
+            result, facts = await self._call(
+                node, "evaluate", layers.model_dump(mode="json"), graded, patch, timeout, overrides
+            )
+            self._started(node, layers, facts)
+            return EvalResult.model_validate(result)
+        finally:
+            await self._release(node)
+
+    # ---------------------------------------------------------------- what happened
+
+    async def stats(self) -> dict[str, Any]:
+        """Per live node: its agent's hits, misses, unpacks per layer, the node's high-water
+        mark of bytes in flight against its budget, sandboxes open; and the overall hit rate."""
+        per_node: dict[str, Any] = {}
+        for node in self.nodes:
+            if not node.alive:
+                continue
+            with contextlib.suppress(NodeLostError):
+                per_node[node.node_id] = await self._call(node, "stats")
+        hits = sum(s["hits"] for s in per_node.values())
+        misses = sum(s["misses"] for s in per_node.values())
+        return {
+            "nodes": per_node,
+            "hits": hits,
+            "misses": misses,
+            "hit_rate": hits / (hits + misses) if hits + misses else None,
+        }
