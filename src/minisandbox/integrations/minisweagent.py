@@ -72,6 +72,9 @@ class MiniSandboxEnvironmentConfig(BaseModel):
     """What `evaluate()` scores: "submission" (what the agent submitted, as SWE-bench's
     predictions hold; "" if it never did) or "diff" (its changes in /testbed)."""
     eval_timeout: float = 1800.0
+    cluster: str | None = None
+    """Run the task's sandboxes and evaluations on the sandbox pool of this Ray cluster
+    ("auto": the cluster this process is part of; else a Ray address; docs/cluster.md)."""
 
 
 def _merge(*dicts: dict[str, Any]) -> dict[str, Any]:
@@ -120,7 +123,12 @@ class MiniSandboxEnvironment:
                 "the sandbox is already started; a task must be bound first"
             )
         resolved = resolve_task(task, self.config.dataset, self.config.envs_dir)
-        self._ts = TaskSandbox(resolved, builder=self.builder, **self.config.sandbox)
+        pool = None
+        if self.config.cluster:
+            from minisandbox.cluster.shared import shared_pool
+
+            pool = run_sync(shared_pool(self.config.cluster, builder=self.builder))
+        self._ts = TaskSandbox(resolved, builder=self.builder, pool=pool, **self.config.sandbox)
         self.config.task = resolved.id
 
     def start(self) -> None:

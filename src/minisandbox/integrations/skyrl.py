@@ -77,6 +77,7 @@ class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]  # skyrl-
             timeout=int(_get(env_config, "timeout", 60)),
             eval_timeout=float(_get(env_config, "eval_timeout", 1800.0)),
             sandbox=dict(_get(env_config, "sandbox", {})),
+            cluster=_get(env_config, "cluster", None),
         )
         self.env.bind_task(task)
         self.result: EvalResult | None = None

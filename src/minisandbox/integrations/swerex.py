@@ -71,6 +71,9 @@ class MiniSandboxDeploymentConfig(BaseModel):
     """Extra environment variables inside the sandbox."""
     startup_timeout: float = 1800.0
     """Seconds to wait for the sandbox, a build of the task included."""
+    cluster: str | None = None
+    """Run a task's sandbox on the sandbox pool of this Ray cluster ("auto": the cluster this
+    process is part of; else a Ray address; docs/cluster.md)."""
 
     type: Literal["minisandbox"] = "minisandbox"
     """Discriminator for (de)serialization/CLI. Do not change."""
@@ -141,6 +144,10 @@ class MiniSandboxDeployment(AbstractDeployment):
         else:
             overrides["build"] = cfg.build
             overrides["extra_env"] = env
+            if cfg.cluster:
+                from minisandbox.cluster.shared import shared_pool
+
+                overrides["pool"] = await shared_pool(cfg.cluster)
         box = TaskSandbox(task, **overrides)
         try:
             sandbox = await asyncio.wait_for(box.start(), cfg.startup_timeout)

@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from swerex.exceptions import (
@@ -58,6 +58,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from minisandbox import errors
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult, ShellSession
+
+if TYPE_CHECKING:  # (a pool's sandboxes: the cluster needs the `ray` extra)
+    from minisandbox.cluster import RemoteSandbox, RemoteSession
 from minisandbox.sandbox.sync import on_loop
 
 __all__ = ["PS1", "MiniSandboxRuntime"]
@@ -90,7 +93,7 @@ def _clean(text: str, match: str | None = None) -> str:
 
 
 class _Session:
-    def __init__(self, shell: ShellSession) -> None:
+    def __init__(self, shell: ShellSession | RemoteSession) -> None:
         self.shell = shell
         self.lock = asyncio.Lock()
         # The request's startup files, sourced again when an interrupt restarts the shell.
@@ -100,13 +103,15 @@ class _Session:
 class MiniSandboxRuntime(AbstractRuntime):
     """swerex's AbstractRuntime over a running minisandbox Sandbox."""
 
-    def __init__(self, sandbox: Sandbox, *, logger: logging.Logger | None = None) -> None:
+    def __init__(
+        self, sandbox: Sandbox | RemoteSandbox, *, logger: logging.Logger | None = None
+    ) -> None:
         self.sandbox = sandbox
         self.logger = logger or default_logger()
         self._sessions: dict[str, _Session] = {}
 
     @property
-    def sessions(self) -> dict[str, ShellSession]:
+    def sessions(self) -> dict[str, ShellSession | RemoteSession]:
         return {name: s.shell for name, s in self._sessions.items()}
 
     async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
@@ -178,7 +183,11 @@ class MiniSandboxRuntime(AbstractRuntime):
         return next((p for p in expect if re.search(p, matched)), matched)
 
     async def _send_or_run(
-        self, shell: ShellSession, command: str, expect: list[str], timeout: float | None
+        self,
+        shell: ShellSession | RemoteSession,
+        command: str,
+        expect: list[str],
+        timeout: float | None,
     ) -> Any:
         """A command for the shell, or a line typed into the program the shell is running (a
         REPL left open by an earlier `expect` match), as swerex's pexpect session does."""
@@ -191,7 +200,9 @@ class MiniSandboxRuntime(AbstractRuntime):
                 f"timeout after {timeout} seconds while running command {command!r}"
             ) from e
 
-    async def _run_normal(self, shell: ShellSession, action: BashAction) -> BashObservation:
+    async def _run_normal(
+        self, shell: ShellSession | RemoteSession, action: BashAction
+    ) -> BashObservation:
         if not shell.busy:
             await self._check_syntax(action.command)
         r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
@@ -205,7 +216,9 @@ class MiniSandboxRuntime(AbstractRuntime):
             )
         return BashObservation(output=output, exit_code=r.exit_code, expect_string=expect_string)
 
-    async def _run_interactive(self, shell: ShellSession, action: BashAction) -> BashObservation:
+    async def _run_interactive(
+        self, shell: ShellSession | RemoteSession, action: BashAction
+    ) -> BashObservation:
         r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
         output = _clean(r.output, r.match).strip()
         if action.is_interactive_command:
@@ -346,7 +359,9 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
-async def _stop_foreground_job(shell: ShellSession, timeout: float) -> SessionResult:
+async def _stop_foreground_job(
+    shell: ShellSession | RemoteSession, timeout: float
+) -> SessionResult:
     """swerex's interrupt of a plain command: Ctrl-C; if the prompt does not come back (a
     pager, a program that ignores SIGINT), Ctrl-Z and `kill -9` of that job, so that bash
     reports it "Stopped", then "Killed", as it does in swerex. Where even Ctrl-Z brings no

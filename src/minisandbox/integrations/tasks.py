@@ -9,7 +9,7 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisandbox.errors import AgentEnvironmentError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
@@ -18,6 +18,9 @@ from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.loaders import TaskNotFoundError, load_tasks
 from minisandbox.tasks.specs import Task
+
+if TYPE_CHECKING:  # (the cluster needs the `ray` extra: imported only when asked for)
+    from minisandbox.cluster import RemoteSandbox, SandboxPool
 
 DEFAULT_DATASET = "examples"
 # swebench's image names: "swebench/sweb.eval.x86_64.psf_1776_requests-1142:latest", where
@@ -67,16 +70,19 @@ class TaskSandbox:
         task: Task | None = None,
         *,
         builder: Builder | None = None,
+        pool: SandboxPool | None = None,
         **overrides: Any,
     ) -> None:
         self.task = task
         self.builder = builder if builder is not None or task is None else Builder(BuildSettings())
+        self.pool = pool
+        """A cluster's pool: the task's sandboxes and evaluations run on its nodes."""
         self.overrides = overrides
         self._stack: contextlib.AsyncExitStack | None = None
-        self._sandbox: Sandbox | None = None
+        self._sandbox: Sandbox | RemoteSandbox | None = None
 
     @property
-    def sandbox(self) -> Sandbox:
+    def sandbox(self) -> Sandbox | RemoteSandbox:
         if self._sandbox is None:
             raise AgentEnvironmentError("the sandbox is not started")
         return self._sandbox
@@ -85,13 +91,16 @@ class TaskSandbox:
     def running(self) -> bool:
         return self._sandbox is not None
 
-    async def start(self) -> Sandbox:
+    async def start(self) -> Sandbox | RemoteSandbox:
         if self._sandbox is not None:
             return self._sandbox
         stack = contextlib.AsyncExitStack()
+        sb: Sandbox | RemoteSandbox
         try:
             if self.task is None:
                 sb = await stack.enter_async_context(Sandbox(**self.overrides))
+            elif self.pool is not None:  # (it checks the validation policy as agent_sandbox)
+                sb = await stack.enter_async_context(self.pool.sandbox(self.task, **self.overrides))
             else:
                 assert self.builder is not None
                 # An agent's sandbox: refused without a passing validation when required.
@@ -125,4 +134,6 @@ class TaskSandbox:
             raise AgentEnvironmentError("a plain sandbox has no task to evaluate")
         if patch is None:
             patch = await self.diff()
+        if self.pool is not None:
+            return await self.pool.evaluate(self.task, patch, timeout=timeout)
         return await Evaluator(self.builder, timeout=timeout).evaluate(self.task, patch)
