@@ -1,5 +1,8 @@
-"""The sandbox pool on a real multi-node Ray cluster on this machine (conftest.py): real
-sandboxes, real unpacks under each node's budget, nodes removed for real, a driver killed."""
+"""The sandbox pool on a real multi-node Ray cluster on this machine, started once for the module
+(starting Ray costs seconds): a head (the driver's node, no sandboxes) and two sandbox nodes, each
+with its own node cache and I/O budget, as each node of a real cluster has; tests add and remove
+more. Real sandboxes, real unpacks under each node's budget, nodes removed for real, a driver
+killed; and the integrations on the pool, chosen by their config option (`cluster`)."""
 
 from __future__ import annotations
 
@@ -10,20 +13,68 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 ray = pytest.importorskip("ray", reason="the `ray` extra is not installed")
 
 from cluster_helpers import CAPACITY, Nodes, agent_leftovers, our_processes, wait_until  # noqa: E402
 
-from minisandbox.cluster import NodeLostError, PoolConfig, SandboxPool  # noqa: E402
+from minisandbox.cluster import NodeLostError, PoolConfig, RemoteSandbox, SandboxPool  # noqa: E402
+from minisandbox.cluster.shared import shared_pool  # noqa: E402
 from minisandbox.errors import CommandTimeoutError, SandboxFileError  # noqa: E402
-from minisandbox.tasks.builder import BuildSettings  # noqa: E402
+from minisandbox.sandbox.sync import run_sync  # noqa: E402
+from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.launch import portable  # noqa: E402
+from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 from minisandbox.tasks.specs import Task  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def tasks() -> list[Task]:
+    return load_tasks("examples")
+
+
+@pytest.fixture(scope="module")
+def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -> Iterator[Nodes]:
+    # Each node's budget: the largest layer a sandbox of an example needs (the interpreter's),
+    # so that two unpacks that do not fit together must wait for each other.
+    builder = Builder(settings)
+
+    async def sizes() -> list[int]:
+        out = []
+        for task in tasks:
+            layers = await portable(builder, await builder.layers(task, build=False))
+            out += [builder.store.info(i).size for i in layers.ids]
+        return out
+
+    budget = max(asyncio.run(sizes()))
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 1,
+            "object_store_memory": 100 << 20,
+            "include_dashboard": False,
+        },
+    )
+    made = Nodes(cluster, home / "cluster", budget)
+    try:
+        ray.init(address=cluster.address)
+        made.add()
+        made.add()
+        yield made
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture
@@ -254,3 +305,102 @@ def test_a_dead_driver_leaves_no_sandboxes(settings: BuildSettings, nodes: Nodes
         if driver.poll() is None:
             driver.kill()
             driver.wait()
+
+
+# --------------------------------------------------------------------------- integrations
+
+
+@pytest.fixture
+def store_env(settings: BuildSettings, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Made by name or config, the integrations find the store in the environment."""
+    monkeypatch.setenv("MINISANDBOX_STORE", str(settings.store))
+    monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
+    yield
+
+
+def pool_starts(builder: Builder) -> int:
+    stats = run_sync(run_sync(shared_pool("auto", builder=builder)).stats())
+    return int(stats["hits"] + stats["misses"])
+
+
+async def test_swerex_deployment_on_the_pool(
+    nodes: Nodes, store_env: None, tasks: list[Task], tmp_path: Path
+) -> None:
+    pytest.importorskip("swerex", reason="SWE-ReX is not installed (extra: swerex)")
+    from swerex.exceptions import CommandTimeoutError as SwerexTimeout
+    from swerex.runtime.abstract import (
+        BashAction,
+        BashInterruptAction,
+        CreateBashSessionRequest,
+        ReadFileRequest,
+        UploadRequest,
+        WriteFileRequest,
+    )
+
+    from minisandbox.integrations.swerex import MiniSandboxDeploymentConfig
+
+    task = next(t for t in tasks if t.id == "examples__tablekit-1")
+    d = MiniSandboxDeploymentConfig(task=task.id, cluster=nodes.cluster.address).get_deployment()
+    await d.start()
+    try:
+        assert isinstance(d.task_sandbox.sandbox, RemoteSandbox)
+        rt = d.runtime
+        await rt.create_session(CreateBashSessionRequest(startup_source=["/root/.bashrc"]))
+        o = await rt.run_in_session(BashAction(command="cd /testbed && export X=7", timeout=30))
+        o = await rt.run_in_session(BashAction(command="echo $PWD $X", timeout=30))
+        assert o.output.strip() == "/testbed 7"
+        # A timeout leaves the session busy on the node; the interrupt is sent there.
+        with pytest.raises(SwerexTimeout):
+            await rt.run_in_session(BashAction(command="sleep 30", timeout=0.5))
+        assert (await rt.run_in_session(BashInterruptAction())).exit_code == 0
+        o = await rt.run_in_session(BashAction(command="echo back", timeout=30))
+        assert o.output.strip() == "back"
+        # Files, and an upload of a directory of this host.
+        (tmp_path / "up").mkdir()
+        (tmp_path / "up" / "a.txt").write_text("from the driver")
+        await rt.upload(UploadRequest(source_path=str(tmp_path / "up"), target_path="/tmp/up"))
+        read = await rt.read_file(ReadFileRequest(path="/tmp/up/a.txt"))
+        assert read.content == "from the driver"
+        await rt.write_file(WriteFileRequest(path="/tmp/gold.patch", content=task.gold_patch))
+        await rt.run_in_session(BashAction(command="git apply /tmp/gold.patch", timeout=30))
+        result = await d.evaluate()
+        assert result.reward == 1.0, result.reason
+    finally:
+        await d.stop()
+
+
+def test_skyrl_rollout_and_environment_on_the_pool(
+    nodes: Nodes, settings: BuildSettings, store_env: None, tasks: list[Task]
+) -> None:
+    skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (extra: skyrl)")
+    from minisweagent.models.test_models import DeterministicModel, make_output
+
+    from minisandbox.integrations.skyrl import ENV_ID, run_rollout
+
+    task = next(t for t in tasks if t.id == "examples__datekit-1")
+    builder = Builder(settings)
+    before = pool_starts(builder)
+    apply = f"git apply <<'EOF_PATCH'\n{task.gold_patch}\nEOF_PATCH"
+    submit = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff"
+    model = DeterministicModel(outputs=[make_output("", [{"command": c}]) for c in (apply, submit)])
+    config = {
+        "agent": {"system_template": "sys", "instance_template": "{{task}}", "step_limit": 5},
+        "environment": {"timeout": 60, "cluster": "auto"},
+    }
+    r = run_rollout({"instance_id": task.id}, model, config, builder=builder)
+    assert r.reward == 1.0 and r.error is None, r.error
+    assert r.result is not None and r.result.test_results
+    # SkyRL's gym environment, made by name, with the same option.
+    env = skyrl_gym.make(
+        ENV_ID, env_config={"timeout": 60, "cluster": "auto"}, extras={"task": task.id}
+    )
+    try:
+        env.init([{"role": "user", "content": "fix it"}])
+        assert isinstance(env.env.task_sandbox.sandbox, RemoteSandbox)
+        env.step(f"```bash\n{apply}\n```")
+        out = env.step(f"```bash\n{submit}\n```")
+        assert out["done"] and out["reward"] == 1.0, out["metadata"]
+    finally:
+        env.close()
+    # Both episodes' sandboxes and evaluations started on the pool's nodes.
+    assert pool_starts(builder) >= before + 4
