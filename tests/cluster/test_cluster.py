@@ -28,6 +28,7 @@ from cluster_helpers import CAPACITY, Nodes, agent_leftovers, our_processes, wai
 from minisandbox.cluster import NodeLostError, PoolConfig, RemoteSandbox, SandboxPool  # noqa: E402
 from minisandbox.cluster.shared import shared_pool  # noqa: E402
 from minisandbox.errors import CommandTimeoutError, SandboxFileError  # noqa: E402
+from minisandbox.layers.replica import layer_files  # noqa: E402
 from minisandbox.sandbox.sync import run_sync  # noqa: E402
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.tasks.launch import portable  # noqa: E402
@@ -153,6 +154,26 @@ async def test_gold_patches_resolve_and_empty_ones_do_not(
     empty = await asyncio.gather(*(pool.evaluate(t, "", timeout=120) for t in tasks))
     assert [r.reward for r in gold] == [1.0] * 3, [r.reason for r in gold]
     assert [r.reward for r in empty] == [0.0] * 3
+
+
+async def test_nodes_that_do_not_see_the_store_get_layers_through_ray(
+    settings: BuildSettings, tasks: list[Task], nodes: Nodes, tmp_path: Path
+) -> None:
+    # The nodes are told the store is at a path none of them has.
+    config = PoolConfig(store=settings.store, node_store=tmp_path / "not-mounted-here")
+    async with SandboxPool(config) as pool:
+        gold = await asyncio.gather(*(pool.evaluate(t, t.gold_patch, timeout=120) for t in tasks))
+        assert [r.reward for r in gold] == [1.0] * 3, [r.reason for r in gold]
+        empty = await asyncio.gather(*(pool.evaluate(t, "", timeout=120) for t in tasks))
+        assert [r.reward for r in empty] == [0.0] * 3
+        # What a node copied is each layer's files at most once.
+        store = pool.builder.store
+        ids = {i for t in tasks for i in (await pool._task_layers(t, True))[0].ids}
+        files = {f for i in ids for f in layer_files(store, i)}
+        whole = sum((store.root / f).stat().st_size for f in files)
+        copied = [s["copied_bytes"] for s in (await pool.stats())["nodes"].values()]
+        assert sum(copied) > 0 and max(copied) <= whole, (copied, whole)
+    assert not (tmp_path / "not-mounted-here").exists()
 
 
 # --------------------------------------------------------------------------- placement

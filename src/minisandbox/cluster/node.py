@@ -5,7 +5,9 @@ Ray. Everything node-specific comes from the node: its cache directory and I/O b
 environment its Ray node was started with ($MINISANDBOX_CACHE, $MINISANDBOX_IO_BUDGET, as for any
 process using minisandbox), so unpacks run on the node whose sandboxes need them and are bounded
 by that node's own budget, whatever the number of drivers; the store is the path the pool names
-(a filesystem every node sees).
+(a filesystem every node sees). A node without that path keeps a store of its own in its cache
+directory and copies into it, through Ray, the layers its sandboxes need (from the pool's
+StoreSource on the driver's node).
 
 The node's sandbox capacity is a node-wide semaphore in its cache directory (layers.budget's, one
 unit per sandbox): every agent on the node, of any driver, counts against it, and a dead agent's
@@ -26,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from minisandbox.envs.settings import BuildSettings
-from minisandbox.errors import SandboxNotRunningError
+from minisandbox.errors import PoolError, SandboxNotRunningError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
 from minisandbox.layers.budget import LocalIOBudget
+from minisandbox.layers.replica import copy_layer
 from minisandbox.sandbox.commands import ExecResult
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.sandbox.session import SessionResult
@@ -51,7 +54,14 @@ class NodeAgent:
     `capacity`: how many sandboxes the node holds at once (all agents on it together)."""
 
     def __init__(self, store: str, capacity: int) -> None:
-        self.builder = Builder(BuildSettings(store=Path(store)))
+        settings = BuildSettings(store=Path(store))
+        self.shared_store = (Path(store) / "layers").is_dir()
+        if not self.shared_store:  # a copy of what its sandboxes need, fetched via `source`
+            settings = BuildSettings(store=settings.cache / "store")
+        self.builder = Builder(settings)
+        self.source: Any = None
+        self._copying: dict[str, asyncio.Lock] = {}
+        self.copied_bytes = 0
         self.capacity = max(1, int(capacity))
         self.slots = LocalIOBudget(self.builder.settings.cache / "slots", self.capacity)
         self.opened: dict[str, _Open] = {}
@@ -67,6 +77,7 @@ class NodeAgent:
         budget = cache.budget
         return {
             "pid": os.getpid(),
+            "shared_store": self.shared_store,
             "cache": str(cache.root),
             "capacity": self.capacity,
             "open": self.slots.in_flight(),
@@ -85,7 +96,32 @@ class NodeAgent:
             "max_bytes_in_flight": budget.peak() if isinstance(budget, LocalIOBudget) else None,
             "budget_bytes": budget.limit if isinstance(budget, LocalIOBudget) else None,
             "open": len(self.opened),
+            "copied_bytes": self.copied_bytes,
         }
+
+    def set_source(self, source: Any) -> None:
+        """Where this node, which does not see the store, copies layers from (a StoreSource
+        actor)."""
+        self.source = source
+
+    async def _fetch(self, layer_ids: list[str]) -> None:
+        """Copy into this node's store the layers it lacks (only without the shared store)."""
+        if self.shared_store:
+            return
+        store = self.builder.store
+        for layer_id in dict.fromkeys(layer_ids):
+            lock = self._copying.setdefault(layer_id, asyncio.Lock())
+            async with lock:  # one copy of a layer at a time; the others wait for it
+                if store.exists(layer_id):
+                    continue
+                if self.source is None:
+                    raise PoolError("this node does not see the store and has no source of it")
+                files = await self.source.layer_files.remote(layer_id)
+                self.copied_bytes += await copy_layer(store, layer_id, files, self._read_source)
+
+    async def _read_source(self, rel: str, offset: int, size: int) -> bytes:
+        data: bytes = await self.source.read.remote(rel, offset, size)
+        return data
 
     # ---------------------------------------------------------------- sandboxes
 
@@ -94,6 +130,7 @@ class NodeAgent:
     ) -> tuple[Sandbox, dict[str, Any]]:
         began = time.monotonic()
         await stack.enter_async_context(self.slots.reserve(1))
+        await self._fetch(layers.ids)
         cache = self.builder.cache
         present = sum(1 for i in dict.fromkeys(layers.ids) if (cache.root / "layers" / i).is_dir())
         missing = len(dict.fromkeys(layers.ids)) - present

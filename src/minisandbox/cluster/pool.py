@@ -8,7 +8,9 @@
     await pool.close()
 
 The driver resolves a task's layers (building what is missing, into the shared store) and turns
-host interpreters into layers (tasks.launch.portable), so a node needs only the store and bwrap.
+host interpreters into layers (tasks.launch.portable), so a node needs only the store and bwrap;
+a node that does not see the store copies the layers it needs from the driver's, through Ray
+(store_source.py).
 It places each sandbox (placement.py): on a node that already holds its layers, unless that node
 is much busier than another, never past a node's capacity (its `minisandbox_slots` resource);
 when every node is full, the sandbox waits for a slot. The node's agent (node.py) unpacks what is
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from minisandbox.cluster.node import NodeAgent
 from minisandbox.cluster.placement import NodeView, choose
 from minisandbox.cluster.remote import RemoteSandbox
+from minisandbox.cluster.store_source import StoreSource
 from minisandbox.errors import MiniSandboxError, NodeLostError, PoolError
 from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, EVAL_ENV, EvalResult
 from minisandbox.evaluation.validation import check_validated
@@ -64,6 +67,9 @@ class PoolConfig(BaseModel):
     store: Path | None = None
     """The layer store, at a path every node sees (default: $MINISANDBOX_STORE or the
     builder's default)."""
+    node_store: Path | None = None
+    """Where the nodes see the store, when not at the driver's path. A node without it copies
+    the layers it needs from the driver's store, through Ray."""
     slots_resource: str = SLOTS_RESOURCE
     """The custom resource that marks a sandbox node; its amount is the node's capacity."""
     cache_aware: bool = True
@@ -95,6 +101,7 @@ class SandboxPool:
         self._sizes: dict[str, int] = {}
         self._changed: asyncio.Condition | None = None
         self._turn = 0
+        self._source: Any = None
         self.started: list[dict[str, Any]] = []
         """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
         the node's facts (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
@@ -111,7 +118,7 @@ class SandboxPool:
             ray.init(address=os.environ.get("RAY_ADDRESS") or None)
         self._changed = asyncio.Condition()
         agent_class = ray.remote(NodeAgent)
-        store = str(self.builder.settings.store)
+        store = str(self.config.node_store or self.builder.settings.store)
         for node in ray.nodes():
             capacity = int(node.get("Resources", {}).get(self.config.slots_resource, 0))
             if not node.get("Alive") or capacity < 1:
@@ -138,7 +145,25 @@ class SandboxPool:
                 continue
             node.cached = set(info["cached"])
             node.others = int(info["open"])
+            if not info["shared_store"]:
+                await self._call(node, "set_source", self._store_source())
         return self
+
+    def _store_source(self) -> Any:
+        """The actor serving the driver's store to nodes without it (started once)."""
+        if self._source is None:
+            here = ray.get_runtime_context().get_node_id()
+            self._source = (
+                ray.remote(StoreSource)
+                .options(
+                    num_cpus=0,
+                    max_restarts=0,
+                    max_concurrency=16,
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+                )
+                .remote(str(self.builder.settings.store))
+            )
+        return self._source
 
     async def __aenter__(self) -> SandboxPool:
         return await self.start()
@@ -154,6 +179,9 @@ class SandboxPool:
                 with contextlib.suppress(NodeLostError):
                     await self._call(node, "close_all")
             ray.kill(node.actor, no_restart=True)
+        source, self._source = self._source, None
+        if source is not None:
+            ray.kill(source, no_restart=True)
 
     # ---------------------------------------------------------------- calls to agents
 
