@@ -81,10 +81,14 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
 @pytest.fixture
 async def pool(settings: BuildSettings, nodes: Nodes) -> Any:
     pool = await SandboxPool(PoolConfig(store=settings.store)).start()
+    agents = [(await pool._call(n, "info"))["pid"] for n in pool.nodes]
     try:
         yield pool
     finally:
         await pool.close()
+    # Closing leaves nothing of the agents' sandboxes: no process, no runtime directory (Ray
+    # kills an actor's child processes, the janitor among them, unless told not to).
+    wait_until(lambda: not any(agent_leftovers(pid) for pid in agents), "the agents' leftovers")
 
 
 # --------------------------------------------------------------------------- budgets
@@ -304,7 +308,8 @@ def test_a_dead_driver_leaves_no_sandboxes(settings: BuildSettings, nodes: Nodes
             task = load_tasks("examples")[0]
             async with pool.sandbox(task) as sb:
                 await sb.execute("sleep 8675310 >/dev/null 2>&1 &")
-                print("ready", flush=True)
+                node = next(n for n in pool.nodes if n.node_id == sb.node_id)
+                print("ready", (await pool._call(node, "info"))["pid"], flush=True)
                 await asyncio.sleep(600)
 
         ray.init(address={nodes.cluster.address!r})
@@ -316,12 +321,14 @@ def test_a_dead_driver_leaves_no_sandboxes(settings: BuildSettings, nodes: Nodes
     )
     try:
         assert driver.stdout is not None
-        line = driver.stdout.readline()
-        assert line.strip() == b"ready", line
-        assert our_processes("8675310")
+        line = driver.stdout.readline().split()
+        assert line[:1] == [b"ready"], line
+        agent = int(line[1])
+        assert our_processes("8675310") and agent_leftovers(agent)
         os.kill(driver.pid, signal.SIGKILL)
         driver.wait(timeout=30)
         wait_until(lambda: not our_processes("8675310"), "the dead driver's sandbox runs", 90)
+        wait_until(lambda: not agent_leftovers(agent), "the dead driver's sandbox's files", 90)
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -128,6 +128,9 @@ class SandboxPool:
                 max_restarts=0,
                 max_task_retries=0,
                 max_concurrency=100_000,
+                # Ray kills a worker's child processes when it exits, the janitor among them,
+                # which would leave the agent's sandboxes' directories behind.
+                runtime_env={"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
             ).remote(store, capacity)
             self.nodes.append(_Node(node_id=node["NodeID"], capacity=capacity, actor=actor))
