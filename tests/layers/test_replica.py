@@ -75,3 +75,32 @@ async def test_a_damaged_manifest_is_refused_and_not_kept(tmp_path: Path) -> Non
     with pytest.raises(CorruptLayerError):
         await copy_layer(copy, layer, layer_files(source, layer), read)
     assert not copy.exists(layer)
+
+
+async def test_a_damaged_blob_is_refused_and_not_kept(tmp_path: Path) -> None:
+    source = LayerStore(tmp_path / "source")
+    layer = source.publish(tree(tmp_path / "tree")).id
+    copy = LayerStore(tmp_path / "copy")
+
+    async def read(rel: str, offset: int, size: int) -> bytes:
+        data = read_part(source, rel, offset, size)
+        if rel.startswith("blobs/") and offset == 0:  # another blob's bytes under this name
+            others = [f for f in layer_files(source, layer) if f.startswith("blobs/") and f != rel]
+            data = read_part(source, others[0], 0, size)
+        return data
+
+    with pytest.raises(CorruptLayerError, match="copy"):
+        await copy_layer(copy, layer, layer_files(source, layer), read)
+    assert not copy.exists(layer)
+    assert not [p for p in (copy.root / "blobs").rglob("*.zst")]
+
+
+def test_a_fifo_under_a_layer_name_is_refused_at_once(tmp_path: Path) -> None:
+    source = LayerStore(tmp_path / "source")
+    fake = "blobs/ab/" + "ab" * 32 + ".zst"
+    (source.root / "blobs" / "ab").mkdir(parents=True)
+    os.mkfifo(source.root / fake)
+    with pytest.raises(LayerStoreError, match="regular"):
+        read_part(source, fake, 0, 10)
+    with pytest.raises(LayerStoreError):
+        read_part(source, fake + "\n", 0, 10)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import errno
 import hashlib
 import json
@@ -862,3 +863,15 @@ def test_read_file_reads_one_file_of_a_stored_layer(tmp_path: Path) -> None:
     for absent in ("nope", "d"):  # no such file; a directory
         with pytest.raises(FileNotFoundError):
             store.read_file(layer, absent)
+
+
+def test_identity_names_one_store_whatever_its_path(tmp_path: Path) -> None:
+    a = LayerStore(tmp_path / "a")
+    assert a.identity() == a.identity() == LayerStore(tmp_path / "a").identity()
+    os.symlink(tmp_path / "a", tmp_path / "mounted-elsewhere")
+    assert LayerStore(tmp_path / "mounted-elsewhere").identity() == a.identity()
+    assert LayerStore(tmp_path / "b").identity() != a.identity()
+    # Many first callers at once agree on one name.
+    c = [LayerStore(tmp_path / "c") for _ in range(8)]
+    with concurrent.futures.ThreadPoolExecutor(8) as ex:
+        assert len(set(ex.map(lambda s: s.identity(), c))) == 1

@@ -234,6 +234,19 @@ class LayerStore(StoreLayout):
         except LayerStoreError:  # missing or corrupt
             return False
 
+    def identity(self) -> str:
+        """This store's random name (`<root>/id`, made by the first caller): whoever reads the
+        same name sees the same store, whatever path it has there."""
+        path = self.root / "id"
+        with contextlib.suppress(FileNotFoundError):
+            return path.read_text().strip()
+        tmp = self.tmp_path("id")
+        tmp.write_text(secrets.token_hex(16) + "\n")
+        with contextlib.suppress(FileExistsError):  # another caller's came first: use it
+            os.link(tmp, path)
+        tmp.unlink()
+        return path.read_text().strip()
+
     # reading layers
 
     def exists(self, layer_id: str) -> bool:
