@@ -7,10 +7,12 @@ killed; and the integrations on the pool, chosen by their config option (`cluste
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -29,6 +31,8 @@ from minisandbox.cluster import NodeLostError, PoolConfig, RemoteSandbox, Sandbo
 from minisandbox.cluster.shared import shared_pool  # noqa: E402
 from minisandbox.errors import CommandTimeoutError, SandboxFileError  # noqa: E402
 from minisandbox.layers.replica import layer_files  # noqa: E402
+from minisandbox.layers.store import LayerStore  # noqa: E402
+from minisandbox.sandbox.runtime import remove_tree  # noqa: E402
 from minisandbox.sandbox.sync import run_sync  # noqa: E402
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.tasks.launch import portable  # noqa: E402
@@ -59,15 +63,18 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
     budget = max(asyncio.run(sizes()))
     from ray.cluster_utils import Cluster
 
+    # Ray's session files in a directory of ours (short: it holds sockets), removed after.
+    ray_dir = tempfile.mkdtemp(prefix="msb-ray-")
     cluster = Cluster(
         initialize_head=True,
         head_node_args={
             "num_cpus": 1,
             "object_store_memory": 100 << 20,
             "include_dashboard": False,
+            "temp_dir": ray_dir,
         },
     )
-    made = Nodes(cluster, home / "cluster", budget)
+    made = Nodes(cluster, home / "cluster", budget, ray_dir)
     try:
         ray.init(address=cluster.address)
         made.add()
@@ -76,6 +83,7 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
     finally:
         ray.shutdown()
         cluster.shutdown()
+        remove_tree(Path(ray_dir))
 
 
 @pytest.fixture
@@ -163,8 +171,10 @@ async def test_gold_patches_resolve_and_empty_ones_do_not(
 async def test_nodes_that_do_not_see_the_store_get_layers_through_ray(
     settings: BuildSettings, tasks: list[Task], nodes: Nodes, tmp_path: Path
 ) -> None:
-    # The nodes are told the store is at a path none of them has.
-    config = PoolConfig(store=settings.store, node_store=tmp_path / "not-mounted-here")
+    # The nodes are told the store is at a path where they find another store (as a node has
+    # its own at the default path): not the driver's, so they copy from it.
+    other = LayerStore(tmp_path / "another-store")
+    config = PoolConfig(store=settings.store, node_store=other.root)
     async with SandboxPool(config) as pool:
         gold = await asyncio.gather(*(pool.evaluate(t, t.gold_patch, timeout=120) for t in tasks))
         assert [r.reward for r in gold] == [1.0] * 3, [r.reason for r in gold]
@@ -177,20 +187,23 @@ async def test_nodes_that_do_not_see_the_store_get_layers_through_ray(
         whole = sum((store.root / f).stat().st_size for f in files)
         copied = [s["copied_bytes"] for s in (await pool.stats())["nodes"].values()]
         assert sum(copied) > 0 and max(copied) <= whole, (copied, whole)
-    assert not (tmp_path / "not-mounted-here").exists()
+    assert not other.layer_ids()
 
 
 # --------------------------------------------------------------------------- placement
 
 
 async def test_a_sandbox_goes_where_its_layers_are(pool: SandboxPool, tasks: list[Task]) -> None:
-    # Make one task's layers present on one node only: a node that has them is preferred.
+    # A node that holds a task's layers is preferred to one that does not.
     task = tasks[1]
     layers, _ = await pool._task_layers(task, False)
     holder = next((n for n in pool.nodes if set(layers.ids) <= n.cached), None)
     if holder is None:
         async with pool.sandbox(task) as sb:
             holder = next(n for n in pool.nodes if n.node_id == sb.node_id)
+    for other in pool.nodes:  # (earlier tests may have left them on both: the pool forgets)
+        if other is not holder:
+            other.cached -= set(layers.ids)
     for _ in range(3):
         async with pool.sandbox(task) as sb:
             assert sb.node_id == holder.node_id
@@ -221,6 +234,10 @@ async def test_no_node_is_given_more_sandboxes_than_its_capacity(
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
     assert opened == total  # the last two wait for a slot
+    # As the nodes count them (all drivers'): full, not over.
+    assert [(await pool._call(n, "info"))["open"] for n in pool.nodes] == [CAPACITY] * len(
+        pool.nodes
+    )
     release.set()
     await asyncio.gather(*episodes)
     assert opened == total + 2
@@ -292,6 +309,54 @@ async def test_an_episode_retries_elsewhere_when_asked(
         assert result.reward == 1.0
     finally:
         await pool.close()
+
+
+async def test_drivers_share_the_nodes_slots_and_a_cancelled_start_leaves_nothing(
+    settings: BuildSettings, nodes: Nodes, tasks: list[Task]
+) -> None:
+    # Three drivers' pools. `late` starts while the nodes are empty; `early` then fills every
+    # slot, so `late`'s start waits on the node itself (slots are node-wide) until cancelled.
+    late = await SandboxPool(PoolConfig(store=settings.store)).start()
+    early = await SandboxPool(PoolConfig(store=settings.store)).start()
+    after = None
+
+    async def on_nodes(pool: SandboxPool, key: str) -> int:
+        return sum([(await pool._call(n, "info"))[key] for n in pool.nodes])
+
+    async def start_in(pool: SandboxPool) -> str:
+        async with pool.sandbox(tasks[0]) as sb:
+            return sb.node_id
+
+    try:
+        async with contextlib.AsyncExitStack() as full:
+            for _ in range(CAPACITY * len(early.nodes)):
+                await full.enter_async_context(early.sandbox(tasks[0]))
+            assert await on_nodes(late, "open") == CAPACITY * len(late.nodes)
+            waiting = asyncio.ensure_future(start_in(late))
+            deadline = time.monotonic() + 60
+            while not await on_nodes(late, "waiting") and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            assert await on_nodes(late, "waiting") == 1, "the start never waited on its node"
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            # `after` starts while every node is full: it waits on the driver's side.
+            after = await SandboxPool(PoolConfig(store=settings.store)).start()
+            served = asyncio.ensure_future(start_in(after))
+            await asyncio.sleep(0.5)
+            assert not served.done()
+        # The other drivers' sandboxes are gone: `after` notices (it has no release of its own
+        # to wake it) and is served; the cancelled start took no slot on its node.
+        assert await asyncio.wait_for(served, 60)
+        deadline = time.monotonic() + 30
+        while await on_nodes(late, "open") and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await on_nodes(late, "open") == 0
+        assert sum(s["open"] for s in (await late.stats())["nodes"].values()) == 0
+    finally:
+        for pool in (late, early, after):
+            if pool is not None:
+                await pool.close()
 
 
 def test_a_dead_driver_leaves_no_sandboxes(settings: BuildSettings, nodes: Nodes) -> None:
@@ -386,9 +451,12 @@ async def test_swerex_deployment_on_the_pool(
         # Files, and an upload of a directory of this host.
         (tmp_path / "up").mkdir()
         (tmp_path / "up" / "a.txt").write_text("from the driver")
+        (tmp_path / "up" / "link").symlink_to("a.txt")  # stays a link, as a local upload keeps it
         await rt.upload(UploadRequest(source_path=str(tmp_path / "up"), target_path="/tmp/up"))
         read = await rt.read_file(ReadFileRequest(path="/tmp/up/a.txt"))
         assert read.content == "from the driver"
+        o = await rt.run_in_session(BashAction(command="readlink /tmp/up/link", timeout=30))
+        assert o.output.strip() == "a.txt"
         await rt.write_file(WriteFileRequest(path="/tmp/gold.patch", content=task.gold_patch))
         await rt.run_in_session(BashAction(command="git apply /tmp/gold.patch", timeout=30))
         result = await d.evaluate()

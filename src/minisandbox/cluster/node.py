@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from minisandbox.envs.settings import BuildSettings
-from minisandbox.errors import PoolError, SandboxNotRunningError
+from minisandbox.errors import PoolError, SandboxFileError, SandboxNotRunningError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
 from minisandbox.layers.budget import LocalIOBudget
 from minisandbox.layers.replica import copy_layer
@@ -41,6 +41,26 @@ from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import settle
 
 
+def _checked(members: list[tarfile.TarInfo], name: str) -> list[tarfile.TarInfo]:
+    """The members of an upload, refused unless all are under `name`, none through a link of
+    the archive, no hard link leaves it, and none is a device; set-id bits dropped."""
+    links: set[str] = set()
+    for m in members:
+        parts = Path(m.name).parts
+        if m.name.startswith("/") or ".." in parts or not parts or parts[0] != name:
+            raise SandboxFileError(f"upload: {m.name!r} is outside {name!r}")
+        if any(str(Path(*parts[:i])) in links for i in range(1, len(parts))):
+            raise SandboxFileError(f"upload: {m.name!r} goes through a link")
+        if m.islnk() and (m.linkname.startswith("/") or ".." in Path(m.linkname).parts):
+            raise SandboxFileError(f"upload: the hard link {m.name!r} leaves the upload")
+        if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
+            raise SandboxFileError(f"upload: {m.name!r} is not a file, directory or link")
+        if m.issym() or m.islnk():
+            links.add(m.name)
+        m.mode &= 0o777
+    return members
+
+
 class _Open:
     """A sandbox of this node and what closes it."""
 
@@ -50,12 +70,16 @@ class _Open:
 
 
 class NodeAgent:
-    """One node's sandboxes for one pool. `store`: the layer store's path on this node;
-    `capacity`: how many sandboxes the node holds at once (all agents on it together)."""
+    """One node's sandboxes for one pool. `store`: the layer store's path on this node, and
+    `store_id` its identity (LayerStore.identity); `capacity`: how many sandboxes the node holds
+    at once (all agents on it together)."""
 
-    def __init__(self, store: str, capacity: int) -> None:
+    def __init__(self, store: str, store_id: str, capacity: int) -> None:
         settings = BuildSettings(store=Path(store))
-        self.shared_store = (Path(store) / "layers").is_dir()
+        # The same store, not one that happens to be at the same path (the default path is the
+        # same on every machine): its random name tells.
+        id_file = Path(store) / "id"
+        self.shared_store = id_file.is_file() and id_file.read_text().strip() == store_id
         if not self.shared_store:  # a copy of what its sandboxes need, fetched via `source`
             settings = BuildSettings(store=settings.cache / "store")
         self.builder = Builder(settings)
@@ -81,6 +105,7 @@ class NodeAgent:
             "cache": str(cache.root),
             "capacity": self.capacity,
             "open": self.slots.in_flight(),
+            "waiting": self.slots.waiting(),
             "cached": cache.cached(),
             "budget_bytes": budget.limit if isinstance(budget, LocalIOBudget) else None,
         }
@@ -185,7 +210,12 @@ class NodeAgent:
         overrides: dict[str, Any],
     ) -> tuple[EvalResult, dict[str, Any]]:
         """Evaluate `patch` for `task` (as evaluation runs it) in a fresh sandbox of `layers`,
-        as `Evaluator.evaluate` does; the result and how the sandbox started."""
+        as `Evaluator.evaluate` does; the result and how the sandbox started.
+
+        Raises:
+            SandboxStartError: and what `launch` raises (Evaluator.evaluate makes them error
+                results; the pool does).
+        """
         began = time.monotonic()
         the_task = Task.model_validate(task)
         result = EvalResult(
@@ -216,17 +246,24 @@ class NodeAgent:
     async def upload(
         self, sandbox_id: str, name: str, data: bytes, target: str, is_dir: bool
     ) -> None:
-        """`Sandbox.upload` of what the driver sent: a file's bytes, or a directory as a tar."""
+        """`Sandbox.upload` of what the driver sent as a tar: the file, link or directory
+        `name` (a directory: its contents).
+
+        Raises:
+            SandboxFileError: the tar is not one the driver makes (see `_checked`); and what
+                `Sandbox.upload` raises.
+        """
+        if not name or name in (".", "..") or "/" in name or "\0" in name:
+            raise SandboxFileError(f"upload: {name!r} is not a file name")
         with tempfile.TemporaryDirectory(prefix="msb-upload-") as tmp:
-            source = Path(tmp) / name
-            if is_dir:
-                source.mkdir()
-                with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-                    # "tar": links stay links, nothing lands outside `source`, no set-id bits.
-                    await asyncio.to_thread(tar.extractall, source, filter="tar")
-            else:
-                await asyncio.to_thread(source.write_bytes, data)
-            await self._sandbox(sandbox_id).upload(source, target)
+            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+                members = _checked(tar.getmembers(), name)
+                # Checked above; Pythons with extraction filters want to be told so.
+                trusted: dict[str, Any] = (
+                    {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
+                )
+                await asyncio.to_thread(tar.extractall, tmp, members, numeric_owner=True, **trusted)
+            await self._sandbox(sandbox_id).upload(Path(tmp) / name, target)
 
     async def create_session(self, sandbox_id: str, name: str, kwargs: dict[str, Any]) -> None:
         await self._sandbox(sandbox_id).create_session(name, **kwargs)

@@ -45,10 +45,11 @@ from minisandbox.evaluation.validation import check_validated
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.launch import TaskLayers, portable
 from minisandbox.tasks.specs import Task
+from minisandbox.utils.aio import settle
 
 try:
     import ray
-    from ray.exceptions import RayActorError, RayTaskError
+    from ray.exceptions import ActorDiedError, RayActorError, RayError, RayTaskError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
     raise ImportError(
@@ -57,6 +58,7 @@ except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
 
 T = TypeVar("T")
 SLOTS_RESOURCE = "minisandbox_slots"
+_RECOUNT_S = 2.0
 
 
 class PoolConfig(BaseModel):
@@ -102,6 +104,8 @@ class SandboxPool:
         self._changed: asyncio.Condition | None = None
         self._turn = 0
         self._source: Any = None
+        self._closed = False
+        self._closing: set[asyncio.Future[None]] = set()  # sandboxes opened for cancelled calls
         self.started: list[dict[str, Any]] = []
         """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
         the node's facts (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
@@ -119,6 +123,7 @@ class SandboxPool:
         self._changed = asyncio.Condition()
         agent_class = ray.remote(NodeAgent)
         store = str(self.config.node_store or self.builder.settings.store)
+        store_id = await asyncio.to_thread(self.builder.store.identity)
         for node in ray.nodes():
             capacity = int(node.get("Resources", {}).get(self.config.slots_resource, 0))
             if not node.get("Alive") or capacity < 1:
@@ -132,7 +137,7 @@ class SandboxPool:
                 # which would leave the agent's sandboxes' directories behind.
                 runtime_env={"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            ).remote(store, capacity)
+            ).remote(store, store_id, capacity)
             self.nodes.append(_Node(node_id=node["NodeID"], capacity=capacity, actor=actor))
         if not self.nodes:
             raise PoolError(
@@ -175,7 +180,11 @@ class SandboxPool:
         await self.close()
 
     async def close(self) -> None:
-        """Stop every sandbox of this pool and end its agents."""
+        """Stop every sandbox of this pool and end its agents; requests waiting for a slot
+        fail with PoolError."""
+        self._closed = True
+        await self._notify()
+        await settle(self._closing, timeout=30)
         nodes, self.nodes = self.nodes, []
         for node in nodes:
             if node.alive:
@@ -190,19 +199,37 @@ class SandboxPool:
 
     async def _call(self, node: _Node, method: str, *args: Any) -> Any:
         """`method` of the node's agent. Its own errors come back as they were raised there.
+        Cancelled, the call is cancelled on the node too (a sandbox it was opening is closed).
 
         Raises:
             NodeLostError: the node (or its agent) is gone.
         """
+        ref = getattr(node.actor, method).remote(*args)
         try:
-            return await getattr(node.actor, method).remote(*args)
-        except RayActorError as e:
+            return await ref
+        except asyncio.CancelledError:
+            ray.cancel(ref)
+            if method == "open":  # it may have opened before the cancel arrived
+                closing = asyncio.ensure_future(self._close_if_opened(node, ref))
+                self._closing.add(closing)
+                closing.add_done_callback(self._closing.discard)
+            raise
+        except ActorDiedError as e:
             node.alive = False
             await self._notify()
             raise NodeLostError(f"node {node.node_id[:12]} was lost: {e}") from None
+        except RayActorError as e:  # unreachable for now: the node may come back
+            raise NodeLostError(f"node {node.node_id[:12]} cannot be reached: {e}") from None
         except RayTaskError as e:
             cause = e.cause
+            if isinstance(cause, RayError):  # Ray's own, on the node (its store source died)
+                raise PoolError(f"node {node.node_id[:12]}: {cause}") from None
             raise (cause if isinstance(cause, Exception) else e) from None
+
+    async def _close_if_opened(self, node: _Node, ref: Any) -> None:
+        with contextlib.suppress(Exception):
+            facts = await ref
+            await self._call(node, "close", facts["id"])
 
     async def _notify(self) -> None:
         if self._changed is not None:
@@ -234,15 +261,18 @@ class SandboxPool:
         return self._layers[key]
 
     async def _place(self, sizes: dict[str, int]) -> _Node:
-        """A node with a free slot for these layers (waiting for one), its slot taken.
+        """A node with a free slot for these layers (waiting for one), its slot taken. While it
+        waits, it looks again every few seconds at what other drivers hold on the nodes.
 
         Raises:
-            PoolError: no node is alive.
+            PoolError: the pool is closed, or no node is alive.
         """
         if self._changed is None:
             raise PoolError("the pool is not started: await pool.start() first")
-        async with self._changed:
-            while True:
+        while True:
+            async with self._changed:
+                if self._closed:
+                    raise PoolError("the pool is closed")
                 if not any(n.alive for n in self.nodes):
                     raise PoolError("no node of the pool is alive")
                 self._turn += 1
@@ -256,7 +286,19 @@ class SandboxPool:
                 if isinstance(node, _Node):
                     node.mine += 1
                     return node
-                await self._changed.wait()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), _RECOUNT_S)
+                    continue
+            await self._recount()
+
+    async def _recount(self) -> None:
+        """What other drivers hold now on the nodes this driver saw busy with theirs (only its
+        own sandboxes tell it otherwise)."""
+        for node in self.nodes:
+            if node.alive and node.others:
+                with contextlib.suppress(MiniSandboxError):
+                    info = await self._call(node, "info")
+                    node.others = max(0, int(info["open"]) - node.mine)
 
     async def _release(self, node: _Node) -> None:
         node.mine -= 1

@@ -6,7 +6,9 @@ comes with the result. `pid` is None (the sandbox's processes are not this host'
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import errno
 import io
 import os
 import tarfile
@@ -14,13 +16,27 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from minisandbox.errors import MiniSandboxError, SandboxFileError, SessionError
+from minisandbox.errors import (
+    MiniSandboxError,
+    NodeLostError,
+    SandboxFileError,
+    SandboxLimitError,
+    SandboxNotRunningError,
+    SessionError,
+)
 from minisandbox.sandbox.commands import ExecResult
 from minisandbox.sandbox.files import READ_MAX_BYTES
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
 from minisandbox.sandbox.session import SessionResult
 
 Call = Callable[..., Awaitable[Any]]
+
+
+def _tar(src: Path) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.add(src, arcname=src.name)  # links as links, never followed
+    return buf.getvalue()
 
 
 class RemoteSession:
@@ -66,7 +82,10 @@ class RemoteSession:
 
     async def close(self) -> None:
         if not self.closed:
-            await self._do("close")
+            try:
+                await self._do("close")
+            except SessionError:
+                pass  # already gone on the node (its shell exited): closed all the same
             self.closed = True
             self.sandbox._sessions.pop(self.name, None)
 
@@ -84,14 +103,25 @@ class RemoteSandbox:
         """How it started: layer `hits` and `misses` in the node's cache, `prep_s`."""
         self.pid: int | None = None
         self._sessions: dict[str, RemoteSession] = {}
+        self._stopped = False
 
     async def call(self, method: str, *args: Any) -> Any:
-        return await self._call(self._node, method, self.id, *args)
+        """`method` of the node's agent, for this sandbox.
+
+        Raises:
+            NodeLostError: the node is gone; and what the method raised on the node.
+        """
+        try:
+            return await self._call(self._node, method, self.id, *args)
+        except (SandboxNotRunningError, SandboxLimitError, NodeLostError):
+            self._stopped = True
+            raise
 
     @property
     def running(self) -> bool:
-        """Whether its node is alive (a call tells whether the sandbox still runs)."""
-        return bool(self._node.alive)
+        """Whether it runs, as far as this driver has seen: its node is alive and no call
+        found it stopped (`is_running()` asks the node)."""
+        return bool(self._node.alive) and not self._stopped
 
     async def is_running(self) -> bool:
         return bool(await self.call("running"))
@@ -137,18 +167,18 @@ class RemoteSandbox:
         await self.call("write_file", path, raw, mode)
 
     async def upload(self, source: str | os.PathLike[str], target: str) -> None:
-        """`Sandbox.upload` of a file or directory of this host (sent to the node)."""
+        """`Sandbox.upload` of a file, link or directory of this host (sent to the node as a
+        tar: links stay links).
+
+        Raises:
+            SandboxFileError: the source does not exist; and what `Sandbox.upload` raises.
+            OSError: a file of the source cannot be read.
+        """
         src = Path(source)
         if not src.exists() and not src.is_symlink():
-            raise SandboxFileError(f"upload source {src} does not exist", 2)
-        if src.is_dir() and not src.is_symlink():
-            buf = io.BytesIO()
-            with tarfile.open(fileobj=buf, mode="w") as tar:
-                for entry in sorted(src.iterdir()):
-                    tar.add(entry, arcname=entry.name)
-            await self.call("upload", src.name, buf.getvalue(), target, True)
-        else:
-            await self.call("upload", src.name, src.read_bytes(), target, False)
+            raise SandboxFileError(f"upload source {src} does not exist", errno.ENOENT)
+        data = await asyncio.to_thread(_tar, src)
+        await self.call("upload", src.name, data, target, src.is_dir() and not src.is_symlink())
 
     async def create_session(self, name: str = "default", **kwargs: Any) -> RemoteSession:
         await self.call("create_session", name, kwargs)

@@ -6,7 +6,8 @@ it, so there the prefix travels as a layer whose tree holds it at its own path (
 `/opt/py/3.11` holds `opt/py/3.11/...`), overlaid under the task's layers like any other.
 
 Left out of the layer: the interpreter's own site-packages (a task's venv never sees them, and a
-host interpreter's can hold gigabytes). A prefix under a path every sandbox mounts from the host
+host interpreter's can hold gigabytes), and in a conda base prefix its other environments and
+its package cache. A prefix under a path every sandbox mounts from the host
 (/usr: a distribution's Python; /tmp) cannot travel: it stays a host path, which a node must have.
 """
 
@@ -23,6 +24,7 @@ from minisandbox.utils.hashing import content_digest
 __all__ = ["interpreter_layer", "interpreter_ref", "travels"]
 
 _FORMAT = 1
+_CONDA_EXTRAS = ("envs", "pkgs", "conda-meta")
 # Where the sandbox mounts host or private directories over the overlay: a layer's files there
 # would be hidden (sandbox.rootfs binds these).
 _HOST_MOUNTED = (
@@ -49,7 +51,11 @@ def travels(prefix: Path) -> bool:
 
 def interpreter_ref(prefix: Path) -> str:
     """The layer ref of the interpreter at `prefix`: its path and what its bin/ holds (a
-    reinstall at the same path is another layer)."""
+    reinstall at the same path is another layer).
+
+    Raises:
+        OSError: its bin/ cannot be read.
+    """
     bin_dir = Path(prefix) / "bin"
     entries = []
     for entry in sorted(os.scandir(bin_dir), key=lambda e: e.name):
@@ -70,7 +76,9 @@ def _stage(prefix: Path, tree: Path) -> None:
     site = {str(p) for p in prefix.glob("lib/python*/site-packages")}
 
     def ignore(directory: str, names: list[str]) -> list[str]:
-        return names if directory in site else []
+        if directory in site:
+            return names
+        return [n for n in names if n in _CONDA_EXTRAS] if directory == str(prefix) else []
 
     def link_or_copy(src: str, dst: str) -> None:
         try:
