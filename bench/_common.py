@@ -11,6 +11,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -37,6 +38,18 @@ def summarize_ms(prefix: str, samples_ns: Sequence[int]) -> dict[str, float]:
         f"{prefix}_p50_ms": round(percentile(ms, 50), 3),
         f"{prefix}_p95_ms": round(percentile(ms, 95), 3),
     }
+
+
+def dataset_records(dataset: Path) -> list[dict[str, Any]]:
+    """The instance ids and repositories of a SWE-bench file (.parquet, .jsonl, .json): only the
+    two columns needed to pick tasks, since loading all tasks converts every recipe."""
+    if dataset.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(dataset, columns=["instance_id", "repo"]).to_pylist()
+    if dataset.suffix == ".jsonl":
+        return [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
+    return list(json.loads(dataset.read_text()))
 
 
 def host_info() -> dict[str, Any]:

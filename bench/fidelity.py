@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import host_info, log, percentile, run_main
+from _common import dataset_records, host_info, log, percentile, run_main
 
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
 from minisandbox.tasks.builder import Builder, BuildResult, BuildSettings
@@ -35,21 +34,12 @@ def select(args: argparse.Namespace) -> list[Task]:
     """The dataset's tasks of `--repos` (or exactly `--instance-ids`), in dataset order."""
     ids = args.instance_ids
     if ids is None:
-        ids = [r["instance_id"] for r in _records(args.dataset) if r["repo"] in set(args.repos)]
+        ids = [
+            r["instance_id"] for r in dataset_records(args.dataset) if r["repo"] in set(args.repos)
+        ]
     if not ids:
         raise SystemExit(f"no task of {', '.join(args.repos)} in {args.dataset}")
     return load_tasks(args.dataset, envs_dir=args.envs_dir, instance_ids=ids)
-
-
-def _records(dataset: Path) -> list[dict[str, Any]]:
-    """Only the two columns needed to pick tasks: loading all tasks converts every recipe."""
-    if dataset.suffix == ".parquet":
-        import pyarrow.parquet as pq
-
-        return pq.read_table(dataset, columns=["instance_id", "repo"]).to_pylist()
-    if dataset.suffix == ".jsonl":
-        return [json.loads(line) for line in dataset.read_text().splitlines() if line.strip()]
-    return list(json.loads(dataset.read_text()))
 
 
 def _verdict(r: EvalResult) -> dict[str, Any]:

@@ -1,0 +1,618 @@
+"""Episodes across the nodes of a Ray cluster: throughput per node and per CPU-second, node caches,
+I/O budgets, placement, and what a lost node leaves behind.
+
+On one machine, each node count gets its own simulated cluster (`ray.cluster_utils.Cluster`: a
+head node without sandbox slots, and N worker nodes with `minisandbox_slots`, each with its own,
+empty node cache, runtime directory and I/O budget). The layer store is shared and built once up
+front by the driver. An episode is `SandboxPool.evaluate(task, task.gold_patch)`: a fresh sandbox
+on some node, the task's tests, stop; every gold patch must resolve (reward 1). Episodes run in
+two passes of the same task mix, `--concurrency` at a time (4, at every node count: the same load
+offered to more nodes; 0: every slot of the cluster).
+
+    python bench/scale.py [--dataset verified.parquet --envs-dir ENVS --git-mirror MIRRORS]
+                          [--repos psf/requests pytest-dev/pytest] [--instances 1]
+                          [--instance-ids ID ...] [--episodes 256] [--nodes 1,2,4] [--slots 4]
+                          [--concurrency N] [--unaware-episodes N] [--no-node-loss] [--quick]
+                          [--work-dir ~/.cache/minisandbox-bench/scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import ray
+from _common import dataset_records, host_info, log, percentile, run_main
+from ray.cluster_utils import Cluster
+
+from minisandbox.cluster import PoolConfig, SandboxPool
+from minisandbox.evaluation.evaluator import EvalResult
+from minisandbox.sandbox.cleanup import remove_tree
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.specs import Task
+
+DEFAULT_REPOS = ["psf/requests", "pytest-dev/pytest"]
+DEFAULT_WORK_DIR = Path("~/.cache/minisandbox-bench/scale")
+IO_BUDGET = "1G"
+TARGET_EFFICIENCY = 0.9
+TARGET_HIT_RATE = 0.9
+
+
+# ---------------------------------------------------------------- machine CPU time
+
+
+def cpu_seconds() -> float:
+    """CPU time the whole machine has spent working (user, nice, system, irq, softirq)."""
+    with open("/proc/stat") as f:
+        fields = f.readline().split()
+    assert fields[0] == "cpu"
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in fields[1:8])
+    return (user + nice + system + irq + softirq) / os.sysconf("SC_CLK_TCK")
+
+
+class RunCgroup:
+    """A cpuacct cgroup (v1) holding this process and so everything it starts (Ray's processes,
+    agents, sandboxes): the CPU time of the run alone, whatever else the machine does. None of
+    it where cgroup v1's cpuacct is not writable."""
+
+    ROOT = Path("/sys/fs/cgroup/cpuacct")
+
+    def __init__(self) -> None:
+        self.path: Path | None = None
+        if os.geteuid() != 0 or not (self.ROOT / "cgroup.procs").exists():
+            return
+        path = self.ROOT / f"minisandbox-bench-scale-{os.getpid()}"
+        try:
+            path.mkdir()
+            (path / "cgroup.procs").write_text(str(os.getpid()))
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return
+        self.path = path
+
+    def seconds(self) -> float | None:
+        if self.path is None:
+            return None
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def system_seconds(self) -> float | None:
+        """The run's CPU time in the kernel (cpuacct.stat), of `seconds()`."""
+        if self.path is None:
+            return None
+        stat = dict(line.split() for line in (self.path / "cpuacct.stat").read_text().splitlines())
+        return int(stat["system"]) / os.sysconf("SC_CLK_TCK")
+
+    def close(self) -> None:
+        """Leave the cgroup and remove it, once the processes of the run have all exited."""
+        if self.path is None:
+            return
+        with contextlib.suppress(OSError):
+            (self.ROOT / "cgroup.procs").write_text(str(os.getpid()))
+        for _ in range(100):
+            try:
+                self.path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+        self.path = None
+
+
+RUN_CGROUP: RunCgroup | None = None
+
+
+def run_cpu_seconds() -> float | None:
+    return RUN_CGROUP.seconds() if RUN_CGROUP is not None else None
+
+
+def run_system_seconds() -> float | None:
+    return RUN_CGROUP.system_seconds() if RUN_CGROUP is not None else None
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def select_tasks(args: argparse.Namespace) -> list[Task]:
+    """The bundled examples, then the first `--instances` Verified instances of each of `--repos`
+    in dataset order (or exactly `--instance-ids`)."""
+    tasks = list(load_tasks("examples"))
+    if args.dataset is None:
+        return tasks
+    ids = args.instance_ids
+    if ids is None:
+        ids = []
+        for repo in args.repos:
+            of_repo = [r["instance_id"] for r in dataset_records(args.dataset) if r["repo"] == repo]
+            ids += of_repo[: args.instances]
+    if ids:
+        tasks += load_tasks(args.dataset, envs_dir=args.envs_dir, instance_ids=ids)
+    return tasks
+
+
+def task_mix(tasks: list[Task], n: int, seed: int) -> list[Task]:
+    """`n` episodes over `tasks`, each task as often as the others (±1), in a shuffled order."""
+    mix = [tasks[i % len(tasks)] for i in range(n)]
+    random.Random(seed).shuffle(mix)
+    return mix
+
+
+# ---------------------------------------------------------------- leftovers
+
+
+def our_processes(marker: str) -> list[int]:
+    """Processes whose command line names `marker` (our runtime directories): every bwrap of a
+    sandbox names its runtime directory, and so does each runtime directory's janitor."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(entry))
+    return found
+
+
+def leftover_dirs(roots: list[Path]) -> int:
+    """Process and sandbox runtime directories left in the nodes' runtime roots."""
+    return sum(len(os.listdir(r)) for r in roots if r.is_dir())
+
+
+async def wait_leftovers(marker: str, roots: list[Path], grace: float) -> tuple[int, int, float]:
+    """Processes and directories left, once they are gone or after `grace` seconds."""
+    began = time.monotonic()
+    while True:
+        procs, dirs = len(our_processes(marker)), leftover_dirs(roots)
+        waited = time.monotonic() - began
+        if (procs == 0 and dirs == 0) or waited >= grace:
+            return procs, dirs, round(waited, 1)
+        await asyncio.sleep(0.5)
+
+
+# ---------------------------------------------------------------- one cluster
+
+
+class SimCluster:
+    """A head node without slots and `n` sandbox nodes, each with its own cache and runtime dir."""
+
+    def __init__(self, root: Path, n: int, slots: int, one_cache: bool = False) -> None:
+        self.root = root
+        self.n = n
+        self.slots = slots
+        self.one_cache = one_cache
+        self.cluster: Cluster | None = None
+        self.workers: list[Any] = []
+
+    @property
+    def runtime_roots(self) -> list[Path]:
+        return [self.root / f"node-{i}" / "run" for i in range(self.n)]
+
+    def start(self) -> None:
+        if self.root.exists():
+            remove_tree(str(self.root))
+        # Ray's session files (logs, sockets) in a short directory of ours, removed in stop().
+        self.ray_dir = tempfile.mkdtemp(prefix="msb-ray-")
+        self.cluster = Cluster(
+            initialize_head=True,
+            head_node_args=dict(
+                num_cpus=1,
+                object_store_memory=100 << 20,
+                include_dashboard=False,
+                temp_dir=self.ray_dir,
+            ),
+        )
+        for i in range(self.n):
+            node_dir = self.root / f"node-{i}"
+            node_dir.mkdir(parents=True, mode=0o700)
+            env = {
+                # --one-cache: every node uses node-0's (a diagnostic, not a cluster's layout).
+                "MINISANDBOX_CACHE": str(
+                    self.root / f"node-{0 if self.one_cache else i}" / "cache"
+                ),
+                "MINISANDBOX_RUNTIME": str(node_dir / "run"),
+                "MINISANDBOX_IO_BUDGET": IO_BUDGET,
+            }
+            self.workers.append(
+                self.cluster.add_node(
+                    num_cpus=1,
+                    object_store_memory=80 << 20,
+                    resources={"minisandbox_slots": self.slots},
+                    temp_dir=self.ray_dir,
+                    env_vars=env,
+                )
+            )
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, log_to_driver=False, logging_level="warning")
+
+    def worker(self, node_id: str) -> Any:
+        return next(w for w in self.workers if w.node_id == node_id)
+
+    def stop(self) -> None:
+        ray.shutdown()
+        if self.cluster is not None:
+            self.cluster.shutdown()
+            self.cluster = None
+            remove_tree(self.ray_dir)
+
+
+# ---------------------------------------------------------------- episodes
+
+
+async def run_episodes(
+    pool: SandboxPool, mix: list[Task], concurrency: int
+) -> tuple[list[EvalResult], float, float, float | None]:
+    """Every task of `mix` evaluated with its gold patch; the results, wall seconds, machine
+    CPU seconds and the run's own CPU seconds (None without its cgroup)."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> EvalResult:
+        async with gate:
+            return await pool.evaluate(task, task.gold_patch)
+
+    cpu0, own0, wall0 = cpu_seconds(), run_cpu_seconds(), time.monotonic()
+    results = await asyncio.gather(*map(one, mix))
+    own1 = run_cpu_seconds()
+    own = own1 - own0 if own0 is not None and own1 is not None else None
+    return list(results), time.monotonic() - wall0, cpu_seconds() - cpu0, own
+
+
+def hit_rate(facts: list[dict[str, Any]]) -> float | None:
+    hits = sum(f["hits"] for f in facts)
+    misses = sum(f["misses"] for f in facts)
+    return round(hits / (hits + misses), 4) if hits + misses else None
+
+
+def failures(results: list[EvalResult]) -> dict[str, int]:
+    """Episodes whose gold patch did not get reward 1, by first line of their reason."""
+    out: dict[str, int] = {}
+    for r in results:
+        if r.reward != 1.0:
+            key = f"{r.instance_id}: {r.status}: {(r.reason or '').splitlines()[0][:160]}"
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+async def node_loss(
+    pool: SandboxPool, sim: SimCluster, mix: list[Task], concurrency: int, kill_after: float
+) -> dict[str, Any]:
+    """Episodes while one sandbox node is killed (its raylet and workers SIGKILLed) mid-run:
+    `kill_after` seconds after the first sandbox of the phase started, the node with the most
+    of its episodes under way goes."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(task: Task) -> EvalResult:
+        async with gate:
+            return await pool.evaluate(task, task.gold_patch)
+
+    began = time.monotonic()
+    first = len(pool.started)
+    running = asyncio.ensure_future(asyncio.gather(*map(one, mix)))
+    while len(pool.started) == first and not running.done():
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(kill_after)
+    while not running.done() and not any(n.alive and n.mine for n in pool.nodes):
+        await asyncio.sleep(0.05)
+    victim = max((n for n in pool.nodes if n.alive), key=lambda n: n.mine)
+    open_there = victim.mine
+    started_before = len(pool.started) - first
+    log(f"node loss: removing node {victim.node_id[:8]} with {open_there} episodes on it")
+    await asyncio.to_thread(sim.cluster.remove_node, sim.worker(victim.node_id), False)  # type: ignore[union-attr]
+    results = await running
+    lost = sum("NodeLostError" in r.reason for r in results if r.reward != 1.0)
+    other = sum(1 for r in results if r.reward != 1.0) - lost
+    return {
+        "episodes": len(mix),
+        "removed_after_s": kill_after,
+        "episodes_started_before_removal": started_before,
+        "episodes_on_node_when_removed": open_there,
+        "failed_node_lost": lost,
+        "failed_other": other,
+        "failed_other_reasons": {k: v for k, v in failures(results).items() if "NodeLost" not in k},
+        "succeeded": sum(1 for r in results if r.reward == 1.0),
+        "wall_s": round(time.monotonic() - began, 1),
+    }
+
+
+async def run_config(
+    args: argparse.Namespace,
+    builder: Builder,
+    tasks: list[Task],
+    n_nodes: int,
+    cache_aware: bool,
+    episodes: int,
+    with_node_loss: bool,
+) -> dict[str, Any]:
+    """A fresh cluster of `n_nodes`, two passes of `episodes // 2` episodes, optionally the
+    node-loss phase, then everything stopped and the leftovers counted."""
+    tag = f"{n_nodes}n-{'aware' if cache_aware else 'unaware'}"
+    sim = SimCluster(args.work_dir / "clusters" / tag, n_nodes, args.slots, args.one_cache)
+    marker = str(sim.root) + "/"
+    log(f"[{tag}] starting a cluster of {n_nodes} sandbox nodes")
+    sim.start()
+    out: dict[str, Any] = {"nodes": n_nodes, "cache_aware": cache_aware}
+    try:
+        pool = SandboxPool(
+            PoolConfig(store=builder.settings.store, cache_aware=cache_aware), builder=builder
+        )
+        await pool.start()
+        try:
+            # Untimed: the driver resolves each task's layers once per pool (all built already).
+            for t in tasks:
+                await pool._task_layers(t, True)
+            concurrency = args.concurrency or n_nodes * args.slots
+            passes = []
+            all_results: list[EvalResult] = []
+            wall = cpu = 0.0
+            own: float | None = 0.0
+            half = episodes // 2
+            for p, n in enumerate((half, episodes - half), start=1):
+                mix = task_mix(tasks, n, seed=p)
+                first = len(pool.started)
+                sys0 = run_system_seconds()
+                results, w, c, o = await run_episodes(pool, mix, concurrency)
+                sys1 = run_system_seconds()
+                facts = pool.started[first:]
+                wall += w
+                cpu += c
+                own = own + o if own is not None and o is not None else None
+                all_results += results
+                passes.append(
+                    {
+                        "episodes": n,
+                        "wall_s": round(w, 1),
+                        "cpu_s": round(c, 1),
+                        "run_cpu_s": round(o, 1) if o is not None else None,
+                        "run_system_s": (
+                            round(sys1 - sys0, 1) if sys0 is not None and sys1 is not None else None
+                        ),
+                        "hit_rate": hit_rate(facts),
+                        "prep_p50_s": round(percentile([f["prep_s"] for f in facts], 50), 3),
+                        "prep_p95_s": round(percentile([f["prep_s"] for f in facts], 95), 3),
+                    }
+                )
+                log(f"[{tag}] pass {p}: {n} episodes in {w:.1f} s, {c:.1f} CPU-s, {passes[-1]}")
+            prep = [f["prep_s"] for f in pool.started]
+            # What the cluster costs doing nothing (raylets, GCS, idle workers), after the passes.
+            cpu0, own0, wall0 = cpu_seconds(), run_cpu_seconds(), time.monotonic()
+            await asyncio.sleep(args.idle_sample)
+            idle_s = time.monotonic() - wall0
+            idle_cpu = (cpu_seconds() - cpu0) / idle_s
+            own1 = run_cpu_seconds()
+            idle_own = (own1 - own0) / idle_s if own0 is not None and own1 is not None else None
+            stats = await pool.stats()
+            per_node = {}
+            unpacks_max = 0
+            for i, node in enumerate(pool.nodes):
+                s = stats["nodes"].get(node.node_id)
+                if s is None:
+                    continue
+                unpacks_max = max([unpacks_max, *s["unpacks"].values()])
+                per_node[f"node-{i}"] = {
+                    "episodes": sum(1 for f in pool.started if f["node_id"] == node.node_id),
+                    "max_bytes_in_flight": s["max_bytes_in_flight"],
+                    "budget_bytes": s["budget_bytes"],
+                    "layers_unpacked": len(s["unpacks"]),
+                }
+            never_exceeded = all(
+                v["max_bytes_in_flight"] is not None
+                and v["budget_bytes"] is not None
+                and v["max_bytes_in_flight"] <= v["budget_bytes"]
+                for v in per_node.values()
+            )
+            bad = failures(all_results)
+            out.update(
+                {
+                    "episodes": len(all_results),
+                    "concurrency": concurrency,
+                    "gold_resolved": sum(r.reward == 1.0 for r in all_results),
+                    "failures": bad,
+                    "wall_s": round(wall, 1),
+                    "cpu_s": round(cpu, 1),
+                    "run_cpu_s": round(own, 1) if own is not None else None,
+                    "idle_cpu_per_s": round(idle_cpu, 3),
+                    "idle_run_cpu_per_s": round(idle_own, 3) if idle_own is not None else None,
+                    "episodes_per_s": round(len(all_results) / wall, 3),
+                    "episodes_per_s_per_node": round(len(all_results) / wall / n_nodes, 3),
+                    "episodes_per_cpu_s": round(len(all_results) / cpu, 4),
+                    "episodes_per_run_cpu_s": round(len(all_results) / own, 4) if own else None,
+                    "prep_p50_s": round(percentile(prep, 50), 3),
+                    "prep_p95_s": round(percentile(prep, 95), 3),
+                    "hit_rate_first_pass": passes[0]["hit_rate"],
+                    "hit_rate_second_pass": passes[1]["hit_rate"],
+                    "passes": passes,
+                    "per_node": per_node,
+                    "budget_never_exceeded": never_exceeded,
+                    "unpacks_per_layer_per_node_max": unpacks_max,
+                }
+            )
+            if with_node_loss:
+                mix = task_mix(tasks, args.loss_episodes or 2 * concurrency, seed=99)
+                out["node_loss"] = await node_loss(pool, sim, mix, concurrency, args.kill_after)
+                log(f"[{tag}] node loss: {out['node_loss']}")
+        finally:
+            await pool.close()
+        procs, dirs, waited = await wait_leftovers(marker, sim.runtime_roots, args.grace)
+        out["leftover_processes_after_pool_close"] = procs
+        out["leftover_dirs_after_pool_close"] = dirs
+        out["leftover_wait_s"] = waited
+    finally:
+        sim.stop()
+    procs, dirs, _ = await wait_leftovers(marker, sim.runtime_roots, args.grace)
+    out["leftover_processes"] = procs
+    out["leftover_dirs"] = dirs
+    remove_tree(str(sim.root))
+    return out
+
+
+# ---------------------------------------------------------------- main
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--dataset", type=Path, help="SWE-bench records (.parquet...); else examples")
+    ap.add_argument("--envs-dir", type=Path, help="per-instance conda exports (<id>.yml)")
+    ap.add_argument("--git-mirror", type=Path, help="directory of <owner>__<name> clones")
+    ap.add_argument("--repos", nargs="+", default=DEFAULT_REPOS)
+    ap.add_argument("--instances", type=int, default=1, help="Verified instances per repository")
+    ap.add_argument("--instance-ids", nargs="+", help="exactly these instances")
+    ap.add_argument("--episodes", type=int, default=256, help="per node count, over two passes")
+    ap.add_argument("--nodes", default="1,2,4", help="node counts, comma-separated")
+    ap.add_argument("--slots", type=int, default=4, help="sandbox slots per node")
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="episodes at once, the same at every node count: the same offered load, shared by "
+        "more nodes (0: every slot of the cluster)",
+    )
+    ap.add_argument(
+        "--unaware-episodes",
+        type=int,
+        help="episodes of the run without cache-aware placement, at the largest node count "
+        "(default: half of --episodes; 0 to skip)",
+    )
+    ap.add_argument("--no-node-loss", action="store_true", help="skip the node-loss phase")
+    ap.add_argument("--loss-episodes", type=int, help="episodes of it (default 2 × concurrency)")
+    ap.add_argument("--kill-after", type=float, default=1.0, help="seconds after its first start")
+    ap.add_argument("--grace", type=float, default=5.0, help="seconds to wait for cleanup")
+    ap.add_argument("--idle-sample", type=float, default=3.0, help="seconds of idle CPU measured")
+    ap.add_argument("--quick", action="store_true", help="24 episodes, nodes 1,2")
+    ap.add_argument(
+        "--one-cache",
+        action="store_true",
+        help="a diagnostic: all simulated nodes share one node cache (what separate caches cost "
+        "on one machine)",
+    )
+    ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK_DIR)
+    args = ap.parse_args()
+    if args.quick:
+        args.episodes, args.nodes = 24, "1,2"
+        if args.unaware_episodes is None:
+            args.unaware_episodes = 24
+    if args.unaware_episodes is None:
+        args.unaware_episodes = args.episodes // 2
+    args.work_dir = args.work_dir.expanduser().resolve()
+    args.node_counts = [int(x) for x in args.nodes.split(",") if x.strip()]
+    return args
+
+
+async def main() -> dict[str, Any]:
+    global RUN_CGROUP
+    args = parse_args()
+    RUN_CGROUP = RunCgroup()
+    try:
+        return await _main(args)
+    finally:
+        RUN_CGROUP.close()
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    work = args.work_dir
+    settings = BuildSettings(
+        store=work / "store", cache=work / "driver-cache", git_mirror=args.git_mirror
+    )
+    tasks = select_tasks(args)
+    log(f"{len(tasks)} tasks: {', '.join(t.id for t in tasks)}")
+    builder = Builder(settings)
+    began = time.monotonic()
+    for t in tasks:
+        built = await builder.build(t)
+        if built.status == "failed":
+            raise SystemExit(f"{t.id}: build failed: {built.error}")
+        log(f"{t.id}: {built.status}")
+    build_s = time.monotonic() - began
+    # The driver's cache is not a node's: drop what the builds unpacked there.
+    shutil.rmtree(settings.cache, ignore_errors=True)
+
+    runs: dict[str, Any] = {}
+    for n in args.node_counts:
+        loss = n >= 2 and not args.no_node_loss
+        runs[str(n)] = await run_config(args, builder, tasks, n, True, args.episodes, loss)
+    unaware = None
+    if args.unaware_episodes:
+        n = max(args.node_counts)
+        unaware = await run_config(args, builder, tasks, n, False, args.unaware_episodes, False)
+
+    base = runs[str(args.node_counts[0])] if args.node_counts[0] == 1 else None
+    for r in runs.values():
+        r["per_cpu_efficiency_vs_1_node"] = (
+            round(r["episodes_per_cpu_s"] / base["episodes_per_cpu_s"], 3) if base else None
+        )
+        r["per_run_cpu_efficiency_vs_1_node"] = (
+            round(r["episodes_per_run_cpu_s"] / base["episodes_per_run_cpu_s"], 3)
+            if base and base["episodes_per_run_cpu_s"] and r["episodes_per_run_cpu_s"]
+            else None
+        )
+    largest = runs[str(max(args.node_counts))]
+    with contextlib.suppress(OSError):
+        (work / "clusters").rmdir()
+    leftovers = [r for r in [*runs.values(), unaware] if r]
+    meets = {
+        "per_cpu_efficiency_4_nodes": (
+            runs["4"]["per_cpu_efficiency_vs_1_node"] >= TARGET_EFFICIENCY if "4" in runs else None
+        ),
+        "hit_rate_second_pass_cache_aware": all(
+            (r["hit_rate_second_pass"] or 0) >= TARGET_HIT_RATE for r in runs.values()
+        ),
+        "budget_never_exceeded": all(r["budget_never_exceeded"] for r in leftovers),
+        "all_gold_resolved": all(r["gold_resolved"] == r["episodes"] for r in leftovers),
+        "no_leftovers": all(
+            r["leftover_processes"] == 0 and r["leftover_dirs"] == 0 for r in leftovers
+        ),
+    }
+    return {
+        "tasks": len(tasks),
+        "task_ids": [t.id for t in tasks],
+        "episodes_per_node_count": args.episodes,
+        "slots_per_node": args.slots,
+        "io_budget_per_node": IO_BUDGET,
+        "run_cpu_measured": RUN_CGROUP is not None and RUN_CGROUP.path is not None,
+        "build_s": round(build_s, 1),
+        "by_nodes": runs,
+        "per_cpu_efficiency_vs_1_node": {
+            n: r["per_cpu_efficiency_vs_1_node"] for n, r in runs.items()
+        },
+        "per_run_cpu_efficiency_vs_1_node": {
+            n: r["per_run_cpu_efficiency_vs_1_node"] for n, r in runs.items()
+        },
+        "hit_rate_cache_aware": {
+            "nodes": largest["nodes"],
+            "first_pass": largest["hit_rate_first_pass"],
+            "second_pass": largest["hit_rate_second_pass"],
+        },
+        "hit_rate_not_cache_aware": (
+            {
+                "nodes": unaware["nodes"],
+                "first_pass": unaware["hit_rate_first_pass"],
+                "second_pass": unaware["hit_rate_second_pass"],
+            }
+            if unaware
+            else None
+        ),
+        "not_cache_aware": unaware,
+        "unpacks_per_layer_per_node_max": max(
+            r["unpacks_per_layer_per_node_max"] for r in leftovers
+        ),
+        "leftover_processes": sum(r["leftover_processes"] for r in leftovers),
+        "leftover_dirs": sum(r["leftover_dirs"] for r in leftovers),
+        "meets_target": meets,
+        "host": host_info(),
+    }
+
+
+if __name__ == "__main__":
+    run_main(main)
