@@ -29,6 +29,7 @@ from cluster_helpers import CAPACITY, Nodes, agent_leftovers, our_processes, wai
 
 from minisandbox.cluster import NodeLostError, PoolConfig, RemoteSandbox, SandboxPool  # noqa: E402
 from minisandbox.cluster.shared import shared_pool  # noqa: E402
+from minisandbox.envs.portable import travels  # noqa: E402
 from minisandbox.errors import CommandTimeoutError, SandboxFileError  # noqa: E402
 from minisandbox.layers.replica import layer_files  # noqa: E402
 from minisandbox.layers.store import LayerStore  # noqa: E402
@@ -152,11 +153,15 @@ async def test_a_pool_sandbox_has_the_local_api(pool: SandboxPool, tasks: list[T
         assert "started" in timed_out.value.output
         with pytest.raises(SandboxFileError):
             await sb.read_file("/no/such/file")
-        # The interpreter came as a layer: the node mounts no host path for it.
+        # The interpreter came as a layer: the node mounts no host path for it (unless it is
+        # a distribution's, under /usr, which cannot travel: the node's own is used).
         prefix = pool.builder.interpreter(tasks[0]).prefix
         assert (await sb.execute(["test", "-x", f"{prefix}/bin/python3"])).exit_code == 0
         layers, _ = await pool._task_layers(tasks[0], False)
-        assert layers.ro_paths == [] and layers.interpreters
+        if travels(prefix):
+            assert layers.ro_paths == [] and layers.interpreters
+        else:
+            assert layers.ro_paths == [prefix] and not layers.interpreters
 
 
 async def test_gold_patches_resolve_and_empty_ones_do_not(
