@@ -15,7 +15,7 @@ import sys
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -252,13 +252,24 @@ async def test_no_node_is_given_more_sandboxes_than_its_capacity(
 # --------------------------------------------------------------------------- faults
 
 
-async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
-    settings: BuildSettings, nodes: Nodes, tasks: list[Task]
-) -> None:
+@contextlib.asynccontextmanager
+async def pool_with_a_node_to_lose(
+    settings: BuildSettings, nodes: Nodes
+) -> AsyncIterator[tuple[SandboxPool, Any, Any]]:
+    """A pool over the test cluster and one more node, to be removed: (pool, Ray's node, the
+    pool's view of it)."""
     doomed = nodes.add()
     pool = await SandboxPool(PoolConfig(store=settings.store)).start()
     try:
-        victim = next(n for n in pool.nodes if n.node_id == doomed.node_id)
+        yield pool, doomed, next(n for n in pool.nodes if n.node_id == doomed.node_id)
+    finally:
+        await pool.close()
+
+
+async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
+    settings: BuildSettings, nodes: Nodes, tasks: list[Task]
+) -> None:
+    async with pool_with_a_node_to_lose(settings, nodes) as (pool, doomed, victim):
         victim.others = CAPACITY  # (as if full) the survivor goes to another node
         async with pool.sandbox(tasks[2]) as survivor_sb:
             assert survivor_sb.node_id != victim.node_id
@@ -283,17 +294,12 @@ async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
         assert not our_processes("8675309")
         stats = await pool.stats()
         assert all(s["open"] == 0 for s in stats["nodes"].values())
-    finally:
-        await pool.close()
 
 
 async def test_an_episode_retries_elsewhere_when_asked(
     settings: BuildSettings, nodes: Nodes, tasks: list[Task]
 ) -> None:
-    doomed = nodes.add()
-    pool = await SandboxPool(PoolConfig(store=settings.store)).start()
-    try:
-        victim = next(n for n in pool.nodes if n.node_id == doomed.node_id)
+    async with pool_with_a_node_to_lose(settings, nodes) as (pool, doomed, victim):
         for n in pool.nodes:  # the doomed node first: the others look busy
             if n is not victim:
                 n.others = CAPACITY - 1
@@ -312,8 +318,6 @@ async def test_an_episode_retries_elsewhere_when_asked(
             n.others = 0
         result = await pool.evaluate(tasks[0], tasks[0].gold_patch, timeout=120)
         assert result.reward == 1.0
-    finally:
-        await pool.close()
 
 
 async def test_drivers_share_the_nodes_slots_and_a_cancelled_start_leaves_nothing(
@@ -505,3 +509,4 @@ def test_skyrl_rollout_and_environment_on_the_pool(
         env.close()
     # Both episodes' sandboxes and evaluations started on the pool's nodes.
     assert pool_starts(builder) >= before + 4
+

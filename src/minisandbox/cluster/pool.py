@@ -394,25 +394,20 @@ class SandboxPool:
             try:
                 return await self._evaluate_once(task, patch, timeout, overrides)
             except NodeLostError as e:
-                if left <= 0:
-                    return EvalResult(
-                        instance_id=task.id,
-                        status="error",
-                        resolved=False,
-                        reward=0.0,
-                        empty_patch=not patch,
-                        reason=f"NodeLostError: {e}",
-                    )
-                left -= 1
+                if left > 0:
+                    left -= 1
+                    continue
+                error: MiniSandboxError = e
             except MiniSandboxError as e:
-                return EvalResult(
-                    instance_id=task.id,
-                    status="error",
-                    resolved=False,
-                    reward=0.0,
-                    empty_patch=not patch,
-                    reason=f"{type(e).__name__}: {e}",
-                )
+                error = e
+            return EvalResult(
+                instance_id=task.id,
+                status="error",
+                resolved=False,
+                reward=0.0,
+                empty_patch=not patch,
+                reason=f"{type(error).__name__}: {error}",
+            )
 
     async def _evaluate_once(
         self, task: Task, patch: str | None, timeout: float, overrides: dict[str, Any]
