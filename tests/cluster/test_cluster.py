@@ -510,3 +510,41 @@ def test_skyrl_rollout_and_environment_on_the_pool(
     # Both episodes' sandboxes and evaluations started on the pool's nodes.
     assert pool_starts(builder) >= before + 4
 
+
+# --------------------------------------------------------------------------- last: loses a node
+
+
+def test_a_rollout_whose_node_is_lost_ends_with_that_error(
+    nodes: Nodes, settings: BuildSettings, store_env: None, tasks: list[Task]
+) -> None:
+    # (Last in the module: it removes one of the cluster's two nodes.)
+    pytest.importorskip("minisweagent", reason="mini-swe-agent is not installed (extra: skyrl)")
+    from minisweagent.models.test_models import DeterministicModel, make_output
+
+    from minisandbox.integrations.skyrl import run_rollout
+
+    builder = Builder(settings)
+    pool = run_sync(shared_pool("auto", builder=builder))
+
+    class LosesTheNode(DeterministicModel):  # type: ignore[misc]
+        """Before its second command, the node of the episode's sandbox is removed."""
+
+        def query(self, messages: list[dict[str, str]], **kwargs: Any) -> dict[str, Any]:
+            if self.current_index == 0:
+                node_id = pool.started[-1]["node_id"]
+                node = next(n for n in nodes.cluster.worker_nodes if n.node_id == node_id)
+                nodes.cluster.remove_node(node)
+            return super().query(messages, **kwargs)  # type: ignore[no-any-return]
+
+    commands = ["echo one", "echo two", "echo three", "echo four"]
+    model = LosesTheNode(outputs=[make_output("", [{"command": c}]) for c in commands])
+    config = {
+        "agent": {"system_template": "sys", "instance_template": "{{task}}", "step_limit": 4},
+        "environment": {"timeout": 60, "cluster": "auto"},
+    }
+    r = run_rollout({"instance_id": tasks[0].id}, model, config, builder=builder)
+    # The episode ends at the loss with its error (not three more commands failing in the
+    # model's view), and the empty patch is still graded, elsewhere: reward 0.
+    assert r.exit_status == "NodeLostError" and "was lost" in (r.error or ""), r.error
+    assert model.current_index == 1
+    assert r.reward == 0.0 and r.result is not None and r.result.status != "error"

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from minisandbox.errors import AgentEnvironmentError, CommandTimeoutError
+from minisandbox.errors import AgentEnvironmentError, CommandTimeoutError, NodeLostError
 from minisandbox.evaluation.evaluator import EvalResult
 from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 from minisandbox.sandbox.sync import background_loop, call_soon, run_sync
@@ -223,6 +223,8 @@ class MiniSandboxEnvironment:
                 return out | {"exception_info": ""}
             output, code = self._run(command, cwd, timeout)
             result: dict[str, Any] = {"output": output, "returncode": code, "exception_info": ""}
+        except NodeLostError:
+            raise  # the sandbox is gone with its node: the episode ends, with that error
         except Exception as e:
             # As mini-swe-agent's own environments: the model sees the failure and goes on.
             result = {
