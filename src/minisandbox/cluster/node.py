@@ -156,9 +156,9 @@ class NodeAgent:
         began = time.monotonic()
         await stack.enter_async_context(self.slots.reserve(1))
         await self._fetch(layers.ids)
-        cache = self.builder.cache
-        present = sum(1 for i in dict.fromkeys(layers.ids) if (cache.root / "layers" / i).is_dir())
-        missing = len(dict.fromkeys(layers.ids)) - present
+        wanted = dict.fromkeys(layers.ids)
+        present = sum(1 for i in wanted if self.builder.cache.present(i))
+        missing = len(wanted) - present
         self.hits += present
         self.misses += missing
         sb = await stack.enter_async_context(launch(self.builder, layers, **overrides))

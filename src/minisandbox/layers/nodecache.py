@@ -180,7 +180,7 @@ class NodeCache:
         path = self.root / "locks" / layer_id
         return os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
-    def _present(self, layer_id: str) -> bool:
+    def present(self, layer_id: str) -> bool:
         return os.path.isdir(self.root / "layers" / layer_id)
 
     def _touch(self, layer_id: str) -> None:
@@ -270,12 +270,12 @@ class NodeCache:
             delay = _POLL_MIN
             while True:
                 if _try_flock(fd, fcntl.LOCK_SH):
-                    if self._present(layer_id):
+                    if self.present(layer_id):
                         self._touch(layer_id)
                         return fd
                     fcntl.flock(fd, fcntl.LOCK_UN)
                 if _try_flock(fd, fcntl.LOCK_EX):
-                    fresh = not self._present(layer_id)
+                    fresh = not self.present(layer_id)
                     if fresh:
                         # Shielded: once started, an unpack finishes (and frees its budget)
                         # even if this caller is cancelled; others may be waiting for it.
@@ -333,7 +333,7 @@ class NodeCache:
             if not unpacked:  # what the failed unpack put in the pool and no layer holds
                 with contextlib.suppress(OSError):
                     self.pool.sweep()
-            if not unpacked and not self._present(layer_id):
+            if not unpacked and not self.present(layer_id):
                 with contextlib.suppress(FileNotFoundError):
                     self._stamp(layer_id).unlink()
             if not unpacked:  # its bytes were counted in: the next unpack counts afresh
@@ -378,7 +378,7 @@ class NodeCache:
         """Bytes of unpacks under way (a stamp without its layer, its lock held)."""
         total = 0
         for name in os.listdir(self.root / "stamps"):
-            if is_layer_id(name) and not self._present(name):
+            if is_layer_id(name) and not self.present(name):
                 total += self._read_number(self._stamp(name)) or 0
         return total
 
@@ -443,7 +443,7 @@ class NodeCache:
             try:
                 if not _try_flock(fd, fcntl.LOCK_EX):
                     continue  # in use, or being unpacked
-                if not self._present(layer_id):
+                if not self.present(layer_id):
                     continue
                 target = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(4)}.evicted"
                 os.rename(self.root / "layers" / layer_id, target)
@@ -459,7 +459,7 @@ class NodeCache:
     def _sweep_stamps(self) -> None:
         # A stamp without its layer: an unpack that failed or crashed.
         for name in os.listdir(self.root / "stamps"):
-            if self._present(name):
+            if self.present(name):
                 continue
             fd = self._open_lock(name) if is_layer_id(name) else None
             try:
