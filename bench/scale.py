@@ -204,16 +204,15 @@ class SimCluster:
     def start(self) -> None:
         if self.root.exists():
             remove_tree(str(self.root))
-        # Ray's session files (logs, sockets) in a short directory of ours, removed in stop().
+        # Ray's files (sessions, sockets, the cluster's address) in a short directory of ours,
+        # removed in stop(): $RAY_TMPDIR, inherited by Ray's nodes. (Given a temp_dir instead,
+        # Ray still writes the address under /tmp/ray, and fails where that does not exist.)
         self.ray_dir = tempfile.mkdtemp(prefix="msb-ray-")
+        self.old_tmpdir = os.environ.get("RAY_TMPDIR")
+        os.environ["RAY_TMPDIR"] = self.ray_dir
         self.cluster = Cluster(
             initialize_head=True,
-            head_node_args=dict(
-                num_cpus=1,
-                object_store_memory=100 << 20,
-                include_dashboard=False,
-                temp_dir=self.ray_dir,
-            ),
+            head_node_args=dict(num_cpus=1, object_store_memory=100 << 20, include_dashboard=False),
         )
         for i in range(self.n):
             node_dir = self.root / f"node-{i}"
@@ -231,7 +230,6 @@ class SimCluster:
                     num_cpus=1,
                     object_store_memory=80 << 20,
                     resources={"minisandbox_slots": self.slots},
-                    temp_dir=self.ray_dir,
                     env_vars=env,
                 )
             )
@@ -246,6 +244,10 @@ class SimCluster:
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster = None
+            if self.old_tmpdir is None:
+                os.environ.pop("RAY_TMPDIR", None)
+            else:
+                os.environ["RAY_TMPDIR"] = self.old_tmpdir
             remove_tree(self.ray_dir)
 
 

@@ -19,11 +19,10 @@ CAPACITY = 3
 class Nodes:
     """The test cluster; `add` starts one more sandbox node with a cache of its own."""
 
-    def __init__(self, cluster: Any, home: Path, budget: int, ray_dir: str) -> None:
+    def __init__(self, cluster: Any, home: Path, budget: int) -> None:
         self.cluster = cluster
         self.home = home
         self.budget = budget
-        self.ray_dir = ray_dir
         self.count = 0
 
     def add(self, slots: str = "minisandbox_slots", **resources: float) -> Any:
@@ -32,7 +31,6 @@ class Nodes:
             num_cpus=1,
             object_store_memory=80 << 20,
             resources={slots: CAPACITY, **resources},
-            temp_dir=self.ray_dir,
             env_vars={
                 "MINISANDBOX_CACHE": str(self.home / f"node-{self.count}"),
                 "MINISANDBOX_IO_BUDGET": str(self.budget),

@@ -64,26 +64,36 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
     budget = max(asyncio.run(sizes()))
     from ray.cluster_utils import Cluster
 
-    # Ray's session files in a directory of ours (short: it holds sockets), removed after.
+    # Ray's files (sessions, sockets, the current cluster's address) in a directory of ours,
+    # short for its sockets and removed after: $RAY_TMPDIR, which Ray's nodes inherit. (Ray
+    # writes the address to $RAY_TMPDIR/ray even when told another temp_dir, and fails where
+    # that does not exist: /tmp/ray on a fresh machine.)
     ray_dir = tempfile.mkdtemp(prefix="msb-ray-")
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={
-            "num_cpus": 1,
-            "object_store_memory": 100 << 20,
-            "include_dashboard": False,
-            "temp_dir": ray_dir,
-        },
-    )
-    made = Nodes(cluster, home / "cluster", budget, ray_dir)
+    old_tmpdir = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = ray_dir
     try:
-        ray.init(address=cluster.address)
-        made.add()
-        made.add()
-        yield made
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={
+                "num_cpus": 1,
+                "object_store_memory": 100 << 20,
+                "include_dashboard": False,
+            },
+        )
+        made = Nodes(cluster, home / "cluster", budget)
+        try:
+            ray.init(address=cluster.address)
+            made.add()
+            made.add()
+            yield made
+        finally:
+            ray.shutdown()
+            cluster.shutdown()
     finally:
-        ray.shutdown()
-        cluster.shutdown()
+        if old_tmpdir is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old_tmpdir
         remove_tree(Path(ray_dir))
 
 
