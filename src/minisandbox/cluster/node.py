@@ -218,13 +218,7 @@ class NodeAgent:
         """
         began = time.monotonic()
         the_task = Task.model_validate(task)
-        result = EvalResult(
-            instance_id=the_task.id,
-            status="error",
-            resolved=False,
-            reward=0.0,
-            empty_patch=not patch,
-        )
+        result = EvalResult.not_graded(the_task.id, patch)
         evaluator = Evaluator(self.builder, timeout=timeout)
         async with contextlib.AsyncExitStack() as stack:
             sb, facts = await self._enter(stack, TaskLayers.model_validate(layers), overrides)

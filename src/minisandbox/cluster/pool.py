@@ -400,14 +400,7 @@ class SandboxPool:
                 error: MiniSandboxError = e
             except MiniSandboxError as e:
                 error = e
-            return EvalResult(
-                instance_id=task.id,
-                status="error",
-                resolved=False,
-                reward=0.0,
-                empty_patch=not patch,
-                reason=f"{type(error).__name__}: {error}",
-            )
+            return EvalResult.not_graded(task.id, patch, f"{type(error).__name__}: {error}")
 
     async def _evaluate_once(
         self, task: Task, patch: str | None, timeout: float, overrides: dict[str, Any]

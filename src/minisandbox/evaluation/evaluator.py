@@ -117,6 +117,20 @@ class EvalResult(BaseModel):
     log: str = ""
     duration_s: float = 0.0
 
+    @classmethod
+    def not_graded(cls, instance_id: str, patch: str | None, reason: str = "") -> EvalResult:
+        """An error result for `patch`, graded by nothing yet: what an evaluation starts from
+        and what it ends as when its sandbox never ran the tests."""
+        # The harness's rule: None or "" is empty (whitespace is a patch that fails).
+        return cls(
+            instance_id=instance_id,
+            status="error",
+            resolved=False,
+            reward=0.0,
+            empty_patch=not patch,
+            reason=reason,
+        )
+
     def swebench_report(self, model_patch: str | None) -> dict[str, Any]:
         """This result as swebench's per-instance `report.json`."""
         entry: dict[str, Any] = {
@@ -272,10 +286,7 @@ class Evaluator:
 
     async def evaluate(self, task: Task, patch: str | None) -> EvalResult:
         began = time.monotonic()
-        empty = not patch  # the harness's rule: None or "" (whitespace is a patch that fails)
-        result = EvalResult(
-            instance_id=task.id, status="error", resolved=False, reward=0.0, empty_patch=empty
-        )
+        result = EvalResult.not_graded(task.id, patch)
         try:
             if self.on_phase is not None:
                 self.on_phase(task.id, "starting sandbox")
