@@ -7,6 +7,8 @@ import multiprocessing
 import os
 from pathlib import Path
 
+import pytest
+
 from minisandbox.layers.pool import FilePool, pool_name
 from minisandbox.layers.store import LayerStore
 
@@ -62,11 +64,12 @@ def _insert(root: str, dest: str, barrier) -> None:  # type: ignore[no-untyped-d
     def make(fd: int) -> None:
         os.write(fd, b"same content\n")
         os.close(fd)
+        barrier.wait()  # all four have written their own copy: they race to insert it
 
     pool.link_into("f" * 64 + "-644-0-0.0", dest, make)
 
 
-def test_concurrent_insertion_makes_one_file_and_crashes_leave_nothing_visible(
+def test_concurrent_insertion_makes_one_file_and_a_failed_one_leaves_the_pool_as_it_was(
     tmp_path: Path,
 ) -> None:
     root = tmp_path / "pool"
@@ -84,11 +87,22 @@ def test_concurrent_insertion_makes_one_file_and_crashes_leave_nothing_visible(
     inodes = {_inode(tmp_path / f"d{i}") for i in range(4)}
     assert len(inodes) == 1 and (tmp_path / "d0").read_bytes() == b"same content\n"
     pool = FilePool(root)
-    assert pool.usage()[0] == 1 and os.listdir(root / "tmp") == []
-    # A dead inserter's half-written file stays in tmp/, invisible, until sweep.
-    (root / "tmp" / "999999999.abc").write_bytes(b"half")
-    pool.sweep()
-    assert os.listdir(root / "tmp") == []
+    assert pool.usage()[0] == 1
+    assert sorted(os.listdir(tmp_path)) == ["d0", "d1", "d2", "d3", "pool"]  # no spare left
+
+    # An insertion that fails half-way (a corrupt blob, a full disk) leaves its half-written
+    # file where the caller wanted it (a tree it removes), never under a pool name.
+    def half(fd: int) -> None:
+        os.write(fd, b"half")
+        os.close(fd)
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        pool.link_into("e" * 64 + "-644-0-0.0", str(tmp_path / "e"), half)
+    assert pool.usage()[0] == 1 and not pool.has("e" * 64 + "-644-0-0.0")
+    # Positive control: the same insertion completed is in the pool.
+    pool.link_into("e" * 64 + "-644-0-0.0", str(tmp_path / "e2"), lambda fd: os.close(fd))
+    assert pool.usage()[0] == 2 and pool.has("e" * 64 + "-644-0-0.0")
 
 
 def test_verify_finds_a_corrupt_pool_file(tmp_path: Path) -> None:

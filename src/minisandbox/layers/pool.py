@@ -6,15 +6,17 @@ are written once per node and take their space once. A pool file is named by wha
 copies interchangeable: its content (a blob of the store, or a run of a pack blob: both are
 content-addressed), its mode, its mtime and its owner. Same name, same inode.
 
-- A file enters the pool by a hard link of a finished temporary file (`link` fails if another
-  process got there first: then theirs is used), so no layer ever sees a half-written file and two
-  processes inserting the same content produce one file.
+- A file enters the pool by a hard link of a finished file: it is written where the layer being
+  unpacked wants it (a tree only its unpacker sees until it is complete), then linked into the
+  pool (`link` fails if another process got there first: then theirs replaces ours). So no pool
+  name ever shows a half-written file, two processes inserting the same content produce one
+  file, and the writers of a node share no directory but the pool's own.
 - Pool files are never written after they appear; sandboxes mount layers read-only below their
   overlay, so nothing a sandbox does reaches them.
 - A file whose link count is 1 is no longer in any layer: `sweep` removes it.
 - A file that has reached the filesystem's link limit is copied instead (the layer gets its own).
 
-Layout of `root`: `ab/<name>` pool files, `tmp/<pid>.<random>` insertions in flight.
+Layout of `root`: `ab/<name>` pool files.
 """
 
 from __future__ import annotations
@@ -27,8 +29,6 @@ import secrets
 import stat
 from collections.abc import Callable
 from pathlib import Path
-
-from minisandbox.layers.budget import pid_alive
 
 _HEX = frozenset("0123456789abcdef")
 
@@ -46,7 +46,7 @@ class FilePool:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        (self.root / "tmp").mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True)
 
     def path(self, name: str) -> Path:
         return self.root / name[:2] / name
@@ -57,8 +57,8 @@ class FilePool:
     def link_into(self, name: str, dest: str, make: Callable[[int], None]) -> bool:
         """Make `dest` (a new path in a tree the caller is building) a link to the pool file
         `name`, creating that first when absent: `make(fd)` writes its content, owner, mode and
-        mtime into a new temporary file, and closes it. Returns True when the pool already had
-        it (nothing was written)."""
+        mtime into `dest`, new, and closes it (raising, it leaves `dest` half-written and the
+        pool without it). Returns True when the pool already had it (nothing was written)."""
         final = self.path(name)
         try:
             os.link(final, dest, follow_symlinks=False)
@@ -70,28 +70,21 @@ class FilePool:
                 raise
             self._copy(final, dest)
             return True
-        tmp = self.root / "tmp" / f"{os.getpid()}.{secrets.token_hex(6)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        # Written in place (`dest` is in a tree only its unpacker sees), then linked into the
+        # pool: a pool name never shows a half-written file, and no directory is shared by
+        # all the writers of the node.
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        make(fd)  # closes fd
+        final.parent.mkdir(exist_ok=True)
         try:
-            make(fd)  # closes fd
-            final.parent.mkdir(exist_ok=True)
-            with contextlib.suppress(FileExistsError):  # another process inserted it first
-                os.link(tmp, final)
-            # Our temporary link keeps the count above 1 until `dest` holds the file, so a
-            # concurrent sweep leaves it; a pool file swept before we linked it: ours serves.
+            os.link(dest, final, follow_symlinks=False)
+        except FileExistsError:  # another process inserted it first: theirs, so one copy
+            spare = f"{dest}.{secrets.token_hex(6)}"
             try:
-                os.link(final, dest, follow_symlinks=False)
-            except FileNotFoundError:
-                os.link(tmp, dest, follow_symlinks=False)
-                with contextlib.suppress(FileExistsError):
-                    os.link(tmp, final)
-            except OSError as e:
-                if e.errno != errno.EMLINK:
-                    raise
-                self._copy(final, dest)
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+                os.link(final, spare, follow_symlinks=False)
+            except OSError:  # swept since, or at the link limit: ours serves
+                return False
+            os.replace(spare, dest)
         return False
 
     @staticmethod
@@ -110,16 +103,11 @@ class FilePool:
             os.close(out)
 
     def sweep(self) -> tuple[int, int]:
-        """Remove pool files no layer holds (link count 1) and dead processes' temporaries;
-        returns (files, bytes) removed. Safe while others insert: a file is linked into its
-        layer right after it enters the pool, under that layer's unpack lock, and a file that
-        lost its last layer stays unlinked (an unpack that races with us re-inserts it)."""
+        """Remove pool files no layer holds (link count 1); returns (files, bytes) removed.
+        Safe while others insert: a file enters the pool already linked from its layer, and a
+        file that lost its last layer stays unlinked (an unpack that races with us re-inserts
+        it)."""
         files = freed = 0
-        for name in os.listdir(self.root / "tmp"):
-            pid = name.split(".", 1)[0]
-            if pid.isdigit() and not pid_alive(int(pid)):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.root / "tmp" / name)
         for sub in os.listdir(self.root):
             if len(sub) != 2 or not set(sub) <= _HEX:
                 continue
