@@ -144,6 +144,32 @@ async def test_unpacks_stay_within_each_nodes_budget_and_happen_once_per_node(
     assert stats["misses"] >= unpacked
 
 
+async def test_starts_of_one_task_at_once_unpack_its_layers_on_one_node(
+    settings: BuildSettings, tasks: list[Task], nodes: Nodes
+) -> None:
+    # Layers on their way to a node count as there: the second start does not unpack them on
+    # the other, empty node (without that, both nodes look alike and the least loaded wins).
+    fresh = [nodes.add(slots="arrive_slots"), nodes.add(slots="arrive_slots")]
+    config = PoolConfig(store=settings.store, slots_resource="arrive_slots")
+    pool = await SandboxPool(config).start()
+    try:
+
+        async def one() -> str:
+            async with pool.sandbox(tasks[0]) as sb:
+                assert (await sb.execute("true")).exit_code == 0
+                return sb.node_id
+
+        placed = await asyncio.gather(one(), one())
+        stats = await pool.stats()
+    finally:
+        await pool.close()
+        for node in fresh:
+            nodes.cluster.remove_node(node)
+    assert placed[0] == placed[1]
+    unpacked = {n: sum(s["unpacks"].values()) for n, s in stats["nodes"].items()}
+    assert unpacked[placed[0]] > 0 and sum(unpacked.values()) == unpacked[placed[0]], unpacked
+
+
 # --------------------------------------------------------------------------- the sandbox API
 
 

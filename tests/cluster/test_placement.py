@@ -39,3 +39,14 @@ def test_without_cache_awareness_the_least_loaded_and_ties_take_turns() -> None:
     a.cached = {"env", "repo"}
     picked = {choose([a, b, c], SIZES, cache_aware=False, turn=t).node_id for t in range(4)}
     assert picked == {"n0", "n1"}
+
+
+def test_layers_arriving_on_a_node_count_as_held_there() -> None:
+    """Starts of one task at once go where its layers are already coming, instead of
+    unpacking them on every idle node."""
+    a, b = nodes(1, 0)
+    assert choose([a, b], SIZES) is b  # nothing held anywhere: the least loaded
+    a.arriving.update(SIZES)
+    assert choose([a, b], SIZES) is a
+    a.arriving.subtract(SIZES)
+    assert choose([a, b], SIZES) is b

@@ -3,6 +3,7 @@ than another; never a node at its capacity."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -15,6 +16,10 @@ class NodeView:
     capacity: int
     cached: set[str] = field(default_factory=set)
     """Layers the node's cache holds (as last reported, plus those its sandboxes since used)."""
+    arriving: Counter[str] = field(default_factory=Counter)
+    """Layers of sandboxes placed there and still starting (being unpacked, maybe): counted as
+    held, so that starts of one task at once go where its layers are coming rather than
+    unpack them on several nodes."""
     mine: int = 0
     """Sandboxes this driver has open there (or is starting)."""
     others: int = 0
@@ -30,7 +35,11 @@ class NodeView:
         return self.used / self.capacity
 
     def missing_bytes(self, sizes: Mapping[str, int]) -> int:
-        return sum(size for layer, size in sizes.items() if layer not in self.cached)
+        return sum(
+            size
+            for layer, size in sizes.items()
+            if layer not in self.cached and not self.arriving[layer]
+        )
 
 
 def choose(
@@ -38,7 +47,7 @@ def choose(
     sizes: Mapping[str, int],
     *,
     cache_aware: bool = True,
-    balance: float = 0.25,
+    balance: float = 0.5,
     turn: int = 0,
 ) -> NodeView | None:
     """The node for a sandbox of the layers in `sizes` (id -> bytes), or None when every live

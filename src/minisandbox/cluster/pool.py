@@ -76,9 +76,10 @@ class PoolConfig(BaseModel):
     """The custom resource that marks a sandbox node; its amount is the node's capacity."""
     cache_aware: bool = True
     """Prefer nodes whose cache holds a task's layers (else: the least loaded)."""
-    balance: float = Field(0.25, ge=0)
+    balance: float = Field(0.5, ge=0)
     """How much busier (a fraction of capacity) a node holding the layers may be than the
-    least loaded one and still be preferred."""
+    least loaded one and still be preferred. Half: a node's slots are what it runs well at
+    once, while an unpack costs seconds of its disk and CPU (an episode's worth or more)."""
     retries: int = Field(0, ge=0)
     """Default times an episode starts again on another node after its node was lost."""
     build: bool = True
@@ -261,8 +262,9 @@ class SandboxPool:
         return self._layers[key]
 
     async def _place(self, sizes: dict[str, int]) -> _Node:
-        """A node with a free slot for these layers (waiting for one), its slot taken. While it
-        waits, it looks again every few seconds at what other drivers hold on the nodes.
+        """A node with a free slot for these layers (waiting for one), its slot taken and the
+        layers marked as arriving there (until `_release`). While it waits, it looks again
+        every few seconds at what other drivers hold on the nodes.
 
         Raises:
             PoolError: the pool is closed, or no node is alive.
@@ -285,6 +287,7 @@ class SandboxPool:
                 )
                 if isinstance(node, _Node):
                     node.mine += 1
+                    node.arriving.update(sizes)
                     return node
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), _RECOUNT_S)
@@ -300,8 +303,10 @@ class SandboxPool:
                     info = await self._call(node, "info")
                     node.others = max(0, int(info["open"]) - node.mine)
 
-    async def _release(self, node: _Node) -> None:
+    async def _release(self, node: _Node, sizes: dict[str, int]) -> None:
         node.mine -= 1
+        node.arriving.subtract(sizes)
+        node.arriving = +node.arriving  # drop what is no longer arriving
         await self._notify()
 
     def _started(self, node: _Node, layers: TaskLayers, facts: dict[str, Any]) -> None:
@@ -352,7 +357,7 @@ class SandboxPool:
                     with contextlib.suppress(NodeLostError):
                         await self._call(node, "close", sb.id)
         finally:
-            await self._release(node)
+            await self._release(node, sizes)
 
     async def episode(
         self,
@@ -415,7 +420,7 @@ class SandboxPool:
             self._started(node, layers, facts)
             return EvalResult.model_validate(result)
         finally:
-            await self._release(node)
+            await self._release(node, sizes)
 
     # ---------------------------------------------------------------- what happened
 
