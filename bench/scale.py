@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import os
 import random
-import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +109,12 @@ class RunCgroup:
 
 
 RUN_CGROUP: RunCgroup | None = None
+
+# Trees of finished node counts (their node caches), removed only once the run is over: on an
+# ext4 without a journal, creating files within minutes of deleting many is slow (the inode
+# allocator passes over the recently deleted), and one node count's cleanup would be charged to
+# the next one's unpacks.
+SPENT: list[Path] = []
 
 
 def run_cpu_seconds() -> float | None:
@@ -456,7 +461,7 @@ async def run_config(
     procs, dirs, _ = await wait_leftovers(marker, sim.runtime_roots, args.grace)
     out["leftover_processes"] = procs
     out["leftover_dirs"] = dirs
-    remove_tree(str(sim.root))
+    SPENT.append(sim.root)
     return out
 
 
@@ -520,6 +525,10 @@ async def main() -> dict[str, Any]:
         return await _main(args)
     finally:
         RUN_CGROUP.close()
+        for tree in SPENT:
+            remove_tree(str(tree))
+        with contextlib.suppress(OSError):
+            (args.work_dir / "clusters").rmdir()
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
@@ -537,8 +546,8 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             raise SystemExit(f"{t.id}: build failed: {built.error}")
         log(f"{t.id}: {built.status}")
     build_s = time.monotonic() - began
-    # The driver's cache is not a node's: drop what the builds unpacked there.
-    shutil.rmtree(settings.cache, ignore_errors=True)
+    # The driver's cache is not a node's (removed at the end, see SPENT).
+    SPENT.append(settings.cache)
 
     runs: dict[str, Any] = {}
     for n in args.node_counts:
@@ -560,8 +569,6 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             else None
         )
     largest = runs[str(max(args.node_counts))]
-    with contextlib.suppress(OSError):
-        (work / "clusters").rmdir()
     leftovers = [r for r in [*runs.values(), unaware] if r]
     meets = {
         "per_cpu_efficiency_4_nodes": (
