@@ -225,7 +225,14 @@ async def test_closing_a_session_kills_its_background_jobs(sandbox: Sandbox) -> 
     """A killed shell cannot hang up its jobs: close() kills them (they carry its marker)."""
     s = await sandbox.create_session()
     await s.run("sleep 777 & (sleep 778 &) ; echo started")
-    assert (await sandbox.execute("pgrep -c -f 'sleep 77[78]'")).stdout == "2\n"
+    # Both jobs are forked by now, but on a busy machine one may not have exec'd sleep yet.
+    count = ""
+    for _ in range(300):
+        count = (await sandbox.execute("pgrep -c -f 'sleep 77[78]'")).stdout
+        if count == "2\n":
+            break
+        await asyncio.sleep(0.1)
+    assert count == "2\n"
     await s.close()
     assert not (await sandbox.execute("pgrep -f 'sleep 77[78]' || true")).stdout
 
