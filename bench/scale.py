@@ -1,18 +1,23 @@
 """Episodes across the nodes of a Ray cluster: throughput per node and per CPU-second, node caches,
 I/O budgets, placement, and what a lost node leaves behind.
 
-On one machine, each node count gets its own simulated cluster (`ray.cluster_utils.Cluster`: a
-head node without sandbox slots, and N worker nodes with `minisandbox_slots`, each with its own,
-empty node cache, runtime directory and I/O budget). The layer store is shared and built once up
-front by the driver. An episode is `SandboxPool.evaluate(task, task.gold_patch)`: a fresh sandbox
-on some node, the task's tests, stop; every gold patch must resolve (reward 1). Episodes run in
-two passes of the same task mix, `--concurrency` at a time (4, at every node count: the same load
-offered to more nodes; 0: every slot of the cluster).
+On one machine, one simulated cluster (`ray.cluster_utils.Cluster`) holds a head node without
+sandbox slots and, for each node count N, a group of N sandbox nodes, each node with its own,
+empty node cache, runtime directory and I/O budget; each group has a pool of its own. The layer
+store is shared and built once up front by the driver. An episode is
+`SandboxPool.evaluate(task, task.gold_patch)`: a fresh sandbox on some node of the group, the
+task's tests, stop; every gold patch must resolve (reward 1). Each group runs two passes of the
+same task mix, `--concurrency` at a time (4, at every node count: the same load offered to more
+nodes; 0: every slot of the group). The groups take turns, `--chunk` episodes at a time, so
+that a slow spell of this shared machine falls on every node count alike; each group's raylets
+(and so its agents and sandboxes) run in a cgroup of their own, and a group is charged the CPU
+spent during its turns less what the other, idle, groups spent meanwhile.
 
     python bench/scale.py [--dataset verified.parquet --envs-dir ENVS --git-mirror MIRRORS]
                           [--repos psf/requests pytest-dev/pytest] [--instances 1]
                           [--instance-ids ID ...] [--episodes 256] [--nodes 1,2,4] [--slots 4]
-                          [--concurrency N] [--unaware-episodes N] [--no-node-loss] [--quick]
+                          [--concurrency N] [--chunk 16] [--unaware-episodes N] [--no-node-loss]
+                          [--quick]
                           [--work-dir ~/.cache/minisandbox-bench/scale]
 """
 
@@ -21,10 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import tempfile
 import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +48,7 @@ from minisandbox.sandbox.cleanup import remove_tree
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
+from minisandbox.utils.aio import settle
 
 DEFAULT_REPOS = ["psf/requests", "pytest-dev/pytest"]
 DEFAULT_WORK_DIR = Path("~/.cache/minisandbox-bench/scale")
@@ -62,14 +71,16 @@ def cpu_seconds() -> float:
 
 class RunCgroup:
     """A cpuacct cgroup (v1) holding this process and so everything it starts (Ray's processes,
-    agents, sandboxes): the CPU time of the run alone, whatever else the machine does. None of
-    it where cgroup v1's cpuacct is not writable."""
+    agents, sandboxes): the CPU time of the run alone, whatever else the machine does; and one
+    child cgroup per group of nodes, holding what those nodes' raylets start. None of it where
+    cgroup v1's cpuacct is not writable."""
 
     ROOT = Path("/sys/fs/cgroup/cpuacct")
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
         self.path: Path | None = None
-        if os.geteuid() != 0 or not (self.ROOT / "cgroup.procs").exists():
+        self.children: list[Path] = []
+        if not enabled or os.geteuid() != 0 or not (self.ROOT / "cgroup.procs").exists():
             return
         path = self.ROOT / f"minisandbox-bench-scale-{os.getpid()}"
         try:
@@ -81,17 +92,41 @@ class RunCgroup:
             return
         self.path = path
 
-    def seconds(self) -> float | None:
+    def _at(self, child: str | None) -> Path | None:
         if self.path is None:
             return None
-        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        return self.path / child if child else self.path
 
-    def system_seconds(self) -> float | None:
-        """The run's CPU time in the kernel (cpuacct.stat), of `seconds()`."""
-        if self.path is None:
+    def seconds(self, child: str | None = None) -> float | None:
+        """CPU seconds of the run (or of one child's processes)."""
+        path = self._at(child)
+        if path is None:
             return None
-        stat = dict(line.split() for line in (self.path / "cpuacct.stat").read_text().splitlines())
+        return int((path / "cpuacct.usage").read_text()) / 1e9
+
+    def system_seconds(self, child: str | None = None) -> float | None:
+        """The kernel's share of `seconds()` (cpuacct.stat)."""
+        path = self._at(child)
+        if path is None:
+            return None
+        stat = dict(line.split() for line in (path / "cpuacct.stat").read_text().splitlines())
         return int(stat["system"]) / os.sysconf("SC_CLK_TCK")
+
+    @contextlib.contextmanager
+    def inside(self, child: str) -> Iterator[None]:
+        """This process in child cgroup `child` meanwhile, so that what it starts stays there."""
+        if self.path is None:
+            yield
+            return
+        path = self.path / child
+        if not path.exists():
+            path.mkdir()
+            self.children.append(path)
+        (path / "cgroup.procs").write_text(str(os.getpid()))
+        try:
+            yield
+        finally:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def close(self) -> None:
         """Leave the cgroup and remove it, once the processes of the run have all exited."""
@@ -99,30 +134,67 @@ class RunCgroup:
             return
         with contextlib.suppress(OSError):
             (self.ROOT / "cgroup.procs").write_text(str(os.getpid()))
-        for _ in range(100):
-            try:
-                self.path.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        for path in [*self.children, self.path]:
+            for _ in range(100):
+                try:
+                    path.rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.1)
         self.path = None
 
 
-RUN_CGROUP: RunCgroup | None = None
+RUN_CGROUP = RunCgroup(enabled=False)  # main() makes the run's
 
-# Trees of finished node counts (their node caches), removed only once the run is over: on an
-# ext4 without a journal, creating files within minutes of deleting many is slow (the inode
-# allocator passes over the recently deleted), and one node count's cleanup would be charged to
+# Trees of finished clusters (their node caches), removed only once the run is over: on an ext4
+# without a journal, creating files within minutes of deleting many is slow (the inode
+# allocator passes over the recently deleted), and one cluster's cleanup would be charged to
 # the next one's unpacks.
 SPENT: list[Path] = []
 
 
-def run_cpu_seconds() -> float | None:
-    return RUN_CGROUP.seconds() if RUN_CGROUP is not None else None
+@dataclass
+class CpuMeter:
+    """CPU seconds charged to one group of nodes while it alone runs episodes: the machine's and
+    the run's, less what the other groups' processes (idle meanwhile) spent."""
 
+    groups: list[str]
 
-def run_system_seconds() -> float | None:
-    return RUN_CGROUP.system_seconds() if RUN_CGROUP is not None else None
+    def _read(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {"machine": cpu_seconds()}
+        out["run"] = RUN_CGROUP.seconds()
+        out["run_system"] = RUN_CGROUP.system_seconds()
+        for g in self.groups:
+            out[g] = RUN_CGROUP.seconds(g)
+            out[g + ".system"] = RUN_CGROUP.system_seconds(g)
+        return out
+
+    @contextlib.asynccontextmanager
+    async def charge(self, group: str, into: dict[str, float | None]) -> AsyncIterator[None]:
+        """Add to `into` (`cpu_s`, `run_cpu_s`, `run_system_s`) what the block cost `group`:
+        None where it cannot be measured."""
+        before = self._read()
+        yield
+        after = self._read()
+
+        def delta(key: str) -> float | None:
+            a, b = after[key], before[key]
+            return None if a is None or b is None else a - b
+
+        others = [g for g in self.groups if g != group]
+        for key, base in (
+            ("cpu_s", "machine"),
+            ("run_cpu_s", "run"),
+            ("run_system_s", "run_system"),
+        ):
+            total = delta(base)
+            if total is None or (key in into and into[key] is None):
+                into[key] = None
+                continue
+            suffix = ".system" if base == "run_system" else ""
+            for g in others:
+                total -= delta(g + suffix) or 0.0
+            into[key] = (into.get(key) or 0.0) + total
 
 
 # ---------------------------------------------------------------- tasks
@@ -192,19 +264,29 @@ async def wait_leftovers(marker: str, roots: list[Path], grace: float) -> tuple[
 
 
 class SimCluster:
-    """A head node without slots and `n` sandbox nodes, each with its own cache and runtime dir."""
+    """A head node without slots and, per group, that many sandbox nodes (group "4n": 4 nodes),
+    each with its own cache and runtime directory. A group's nodes have the slots resource
+    `minisandbox_slots_<group>`, so that a pool of that resource sees them alone, and their
+    raylets (so their agents and sandboxes too) start in the group's child of the run's cgroup."""
 
-    def __init__(self, root: Path, n: int, slots: int, one_cache: bool = False) -> None:
+    def __init__(self, root: Path, sizes: list[int], slots: int, one_cache: bool = False):
         self.root = root
-        self.n = n
+        self.sizes = {f"{n}n": n for n in sizes}
         self.slots = slots
         self.one_cache = one_cache
         self.cluster: Cluster | None = None
         self.workers: list[Any] = []
 
-    @property
-    def runtime_roots(self) -> list[Path]:
-        return [self.root / f"node-{i}" / "run" for i in range(self.n)]
+    @staticmethod
+    def resource(group: str) -> str:
+        return f"minisandbox_slots_{group}"
+
+    def marker(self, group: str) -> str:
+        """What the command line of each of the group's sandboxes' processes names."""
+        return f"{self.root / group}/"
+
+    def runtime_roots(self, group: str) -> list[Path]:
+        return [self.root / group / f"node-{i}" / "run" for i in range(self.sizes[group])]
 
     def start(self) -> None:
         if self.root.exists():
@@ -219,27 +301,30 @@ class SimCluster:
             initialize_head=True,
             head_node_args=dict(num_cpus=1, object_store_memory=100 << 20, include_dashboard=False),
         )
-        for i in range(self.n):
-            node_dir = self.root / f"node-{i}"
-            node_dir.mkdir(parents=True, mode=0o700)
-            env = {
-                # --one-cache: every node uses node-0's (a diagnostic, not a cluster's layout).
-                "MINISANDBOX_CACHE": str(
-                    self.root / f"node-{0 if self.one_cache else i}" / "cache"
-                ),
-                "MINISANDBOX_RUNTIME": str(node_dir / "run"),
-                "MINISANDBOX_IO_BUDGET": IO_BUDGET,
-            }
-            self.workers.append(
-                self.cluster.add_node(
-                    num_cpus=1,
-                    object_store_memory=80 << 20,
-                    resources={"minisandbox_slots": self.slots},
-                    env_vars=env,
-                )
-            )
+        for group, n in self.sizes.items():
+            for i in range(n):
+                self._add_node(group, i)
         self.cluster.wait_for_nodes()
-        ray.init(address=self.cluster.address, log_to_driver=False, logging_level="warning")
+        ray.init(address=self.cluster.address, log_to_driver=False, logging_level=logging.WARNING)
+
+    def _add_node(self, group: str, i: int) -> None:
+        assert self.cluster is not None
+        node_dir = self.root / group / f"node-{i}"
+        node_dir.mkdir(parents=True, mode=0o700)
+        env = {
+            # --one-cache: every node of the group uses node-0's (a diagnostic only).
+            "MINISANDBOX_CACHE": str(node_dir.parent / f"node-{0 if self.one_cache else i}/cache"),
+            "MINISANDBOX_RUNTIME": str(node_dir / "run"),
+            "MINISANDBOX_IO_BUDGET": IO_BUDGET,
+        }
+        with RUN_CGROUP.inside(group):
+            node = self.cluster.add_node(
+                num_cpus=1,
+                object_store_memory=80 << 20,
+                resources={self.resource(group): self.slots},
+                env_vars=env,
+            )
+        self.workers.append(node)
 
     def worker(self, node_id: str) -> Any:
         return next(w for w in self.workers if w.node_id == node_id)
@@ -259,22 +344,15 @@ class SimCluster:
 # ---------------------------------------------------------------- episodes
 
 
-async def run_episodes(
-    pool: SandboxPool, mix: list[Task], concurrency: int
-) -> tuple[list[EvalResult], float, float, float | None]:
-    """Every task of `mix` evaluated with its gold patch; the results, wall seconds, machine
-    CPU seconds and the run's own CPU seconds (None without its cgroup)."""
+async def run_episodes(pool: SandboxPool, mix: list[Task], concurrency: int) -> list[EvalResult]:
+    """Every task of `mix` evaluated with its gold patch, `concurrency` at a time."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> EvalResult:
         async with gate:
             return await pool.evaluate(task, task.gold_patch)
 
-    cpu0, own0, wall0 = cpu_seconds(), run_cpu_seconds(), time.monotonic()
-    results = await asyncio.gather(*map(one, mix))
-    own1 = run_cpu_seconds()
-    own = own1 - own0 if own0 is not None and own1 is not None else None
-    return list(results), time.monotonic() - wall0, cpu_seconds() - cpu0, own
+    return list(await asyncio.gather(*map(one, mix)))
 
 
 def hit_rate(facts: list[dict[str, Any]]) -> float | None:
@@ -334,133 +412,186 @@ async def node_loss(
     }
 
 
-async def run_config(
+@dataclass
+class Group:
+    """One node count's pool in the shared cluster, and what its episodes did."""
+
+    name: str
+    nodes: int
+    pool: SandboxPool
+    concurrency: int
+    results: list[EvalResult] = field(default_factory=list)
+    passes: list[dict[str, Any]] = field(default_factory=list)
+
+
+async def run_passes(
+    groups: list[Group], meter: CpuMeter, tasks: list[Task], episodes: int, chunk: int
+) -> None:
+    """Two passes of `episodes // 2` episodes for every group. Groups take turns, `chunk`
+    episodes each, in an order reversed every round (A B C, C B A, ...), all on the same tasks:
+    a slow minute of the machine falls on every group alike, and each group's CPU is what the
+    machine and the run spent during its own turns, less the other groups' (idle) processes."""
+    half = episodes // 2
+    for p, n in enumerate((half, episodes - half), start=1):
+        mix = task_mix(tasks, n, seed=p)
+        sums: dict[str, dict[str, Any]] = {g.name: {"wall_s": 0.0} for g in groups}
+        firsts = {g.name: len(g.pool.started) for g in groups}
+        for k in range(0, len(mix), chunk):
+            for g in groups if (k // chunk) % 2 == 0 else groups[::-1]:
+                began = time.monotonic()
+                async with meter.charge(g.name, sums[g.name]):
+                    g.results += await run_episodes(g.pool, mix[k : k + chunk], g.concurrency)
+                sums[g.name]["wall_s"] += time.monotonic() - began
+        for g in groups:
+            facts = g.pool.started[firsts[g.name] :]
+            g.passes.append(
+                {
+                    "episodes": n,
+                    **{k: round(v, 1) if v is not None else None for k, v in sums[g.name].items()},
+                    "hit_rate": hit_rate(facts),
+                    "prep_p50_s": round(percentile([f["prep_s"] for f in facts], 50), 3),
+                    "prep_p95_s": round(percentile([f["prep_s"] for f in facts], 95), 3),
+                }
+            )
+            log(f"[{g.name}] pass {p}: {g.passes[-1]}")
+
+
+async def idle_cpu(meter: CpuMeter, groups: list[Group], seconds: float) -> dict[str, Any]:
+    """CPUs each group's cluster would keep busy doing nothing (its nodes' raylets and agents,
+    and the head's processes), sampled once the passes are over."""
+    out: dict[str, dict[str, float | None]] = {g.name: {} for g in groups}
+    began = time.monotonic()
+    async with contextlib.AsyncExitStack() as stack:
+        for g in groups:
+            await stack.enter_async_context(meter.charge(g.name, out[g.name]))
+        await asyncio.sleep(seconds)
+    took = time.monotonic() - began
+
+    def per_s(v: float | None) -> float | None:
+        return round(v / took, 3) if v is not None else None
+
+    return {
+        name: {
+            "idle_cpu_per_s": per_s(o["cpu_s"]),
+            "idle_run_cpu_per_s": per_s(o["run_cpu_s"]),
+        }
+        for name, o in out.items()
+    }
+
+
+def group_report(g: Group, stats: dict[str, Any]) -> dict[str, Any]:
+    """One group's figures: both passes together, per node, budgets, unpacks."""
+    n = len(g.results)
+    wall = sum(p["wall_s"] for p in g.passes)
+    cpu = sum(p["cpu_s"] for p in g.passes)
+    own = (
+        None
+        if any(p["run_cpu_s"] is None for p in g.passes)
+        else sum(p["run_cpu_s"] for p in g.passes)
+    )
+    prep = [f["prep_s"] for f in g.pool.started]
+    per_node = {}
+    for i, node in enumerate(g.pool.nodes):
+        s = stats["nodes"].get(node.node_id)
+        if s is not None:
+            per_node[f"node-{i}"] = {
+                "episodes": sum(1 for f in g.pool.started if f["node_id"] == node.node_id),
+                "max_bytes_in_flight": s["max_bytes_in_flight"],
+                "budget_bytes": s["budget_bytes"],
+                "layers_unpacked": len(s["unpacks"]),
+            }
+    unpacks = [c for s in stats["nodes"].values() for c in s["unpacks"].values()]
+    return {
+        "nodes": g.nodes,
+        "cache_aware": g.pool.config.cache_aware,
+        "episodes": n,
+        "concurrency": g.concurrency,
+        "gold_resolved": sum(r.reward == 1.0 for r in g.results),
+        "failures": failures(g.results),
+        "wall_s": round(wall, 1),
+        "cpu_s": round(cpu, 1),
+        "run_cpu_s": round(own, 1) if own is not None else None,
+        "episodes_per_s": round(n / wall, 3),
+        "episodes_per_s_per_node": round(n / wall / g.nodes, 3),
+        "episodes_per_cpu_s": round(n / cpu, 4),
+        "episodes_per_run_cpu_s": round(n / own, 4) if own else None,
+        "prep_p50_s": round(percentile(prep, 50), 3),
+        "prep_p95_s": round(percentile(prep, 95), 3),
+        "hit_rate_first_pass": g.passes[0]["hit_rate"],
+        "hit_rate_second_pass": g.passes[1]["hit_rate"],
+        "passes": g.passes,
+        "per_node": per_node,
+        "budget_never_exceeded": all(
+            v["max_bytes_in_flight"] is not None
+            and v["budget_bytes"] is not None
+            and v["max_bytes_in_flight"] <= v["budget_bytes"]
+            for v in per_node.values()
+        ),
+        "layers_unpacked": len(unpacks),
+        "unpacks_per_layer_per_node_max": max(unpacks, default=0),
+    }
+
+
+async def run_cluster(
     args: argparse.Namespace,
     builder: Builder,
     tasks: list[Task],
-    n_nodes: int,
+    sizes: list[int],
     cache_aware: bool,
     episodes: int,
     with_node_loss: bool,
-) -> dict[str, Any]:
-    """A fresh cluster of `n_nodes`, two passes of `episodes // 2` episodes, optionally the
-    node-loss phase, then everything stopped and the leftovers counted."""
-    tag = f"{n_nodes}n-{'aware' if cache_aware else 'unaware'}"
-    sim = SimCluster(args.work_dir / "clusters" / tag, n_nodes, args.slots, args.one_cache)
-    marker = str(sim.root) + "/"
-    log(f"[{tag}] starting a cluster of {n_nodes} sandbox nodes")
+) -> dict[str, dict[str, Any]]:
+    """One cluster with a group of nodes per node count of `sizes`, a pool per group, their
+    passes interleaved (run_passes); then each group's node-loss phase (2 nodes or more), all
+    pools closed, the cluster stopped and each group's leftovers counted."""
+    tag = "aware" if cache_aware else "unaware"
+    sim = SimCluster(args.work_dir / "clusters" / tag, sizes, args.slots, args.one_cache)
+    log(f"[{tag}] starting a cluster of {sum(sizes)} sandbox nodes in groups of {sizes}")
     sim.start()
-    out: dict[str, Any] = {"nodes": n_nodes, "cache_aware": cache_aware}
+    out: dict[str, dict[str, Any]] = {}
+    groups: list[Group] = []
     try:
-        pool = SandboxPool(
-            PoolConfig(store=builder.settings.store, cache_aware=cache_aware), builder=builder
-        )
-        await pool.start()
-        try:
+        for name, n in sim.sizes.items():
+            config = PoolConfig(
+                store=builder.settings.store,
+                slots_resource=sim.resource(name),
+                cache_aware=cache_aware,
+            )
+            pool = SandboxPool(config, builder=builder)
+            groups.append(Group(name, n, pool, args.concurrency or n * args.slots))
+            await pool.start()
             # Untimed: the driver resolves each task's layers once per pool (all built already).
             for t in tasks:
                 await pool._task_layers(t, True)
-            concurrency = args.concurrency or n_nodes * args.slots
-            passes = []
-            all_results: list[EvalResult] = []
-            wall = cpu = 0.0
-            own: float | None = 0.0
-            half = episodes // 2
-            for p, n in enumerate((half, episodes - half), start=1):
-                mix = task_mix(tasks, n, seed=p)
-                first = len(pool.started)
-                sys0 = run_system_seconds()
-                results, w, c, o = await run_episodes(pool, mix, concurrency)
-                sys1 = run_system_seconds()
-                facts = pool.started[first:]
-                wall += w
-                cpu += c
-                own = own + o if own is not None and o is not None else None
-                all_results += results
-                passes.append(
-                    {
-                        "episodes": n,
-                        "wall_s": round(w, 1),
-                        "cpu_s": round(c, 1),
-                        "run_cpu_s": round(o, 1) if o is not None else None,
-                        "run_system_s": (
-                            round(sys1 - sys0, 1) if sys0 is not None and sys1 is not None else None
-                        ),
-                        "hit_rate": hit_rate(facts),
-                        "prep_p50_s": round(percentile([f["prep_s"] for f in facts], 50), 3),
-                        "prep_p95_s": round(percentile([f["prep_s"] for f in facts], 95), 3),
-                    }
-                )
-                log(f"[{tag}] pass {p}: {n} episodes in {w:.1f} s, {c:.1f} CPU-s, {passes[-1]}")
-            prep = [f["prep_s"] for f in pool.started]
-            # What the cluster costs doing nothing (raylets, GCS, idle workers), after the passes.
-            cpu0, own0, wall0 = cpu_seconds(), run_cpu_seconds(), time.monotonic()
-            await asyncio.sleep(args.idle_sample)
-            idle_s = time.monotonic() - wall0
-            idle_cpu = (cpu_seconds() - cpu0) / idle_s
-            own1 = run_cpu_seconds()
-            idle_own = (own1 - own0) / idle_s if own0 is not None and own1 is not None else None
-            stats = await pool.stats()
-            per_node = {}
-            unpacks_max = 0
-            for i, node in enumerate(pool.nodes):
-                s = stats["nodes"].get(node.node_id)
-                if s is None:
-                    continue
-                unpacks_max = max([unpacks_max, *s["unpacks"].values()])
-                per_node[f"node-{i}"] = {
-                    "episodes": sum(1 for f in pool.started if f["node_id"] == node.node_id),
-                    "max_bytes_in_flight": s["max_bytes_in_flight"],
-                    "budget_bytes": s["budget_bytes"],
-                    "layers_unpacked": len(s["unpacks"]),
-                }
-            never_exceeded = all(
-                v["max_bytes_in_flight"] is not None
-                and v["budget_bytes"] is not None
-                and v["max_bytes_in_flight"] <= v["budget_bytes"]
-                for v in per_node.values()
-            )
-            bad = failures(all_results)
-            out.update(
-                {
-                    "episodes": len(all_results),
-                    "concurrency": concurrency,
-                    "gold_resolved": sum(r.reward == 1.0 for r in all_results),
-                    "failures": bad,
-                    "wall_s": round(wall, 1),
-                    "cpu_s": round(cpu, 1),
-                    "run_cpu_s": round(own, 1) if own is not None else None,
-                    "idle_cpu_per_s": round(idle_cpu, 3),
-                    "idle_run_cpu_per_s": round(idle_own, 3) if idle_own is not None else None,
-                    "episodes_per_s": round(len(all_results) / wall, 3),
-                    "episodes_per_s_per_node": round(len(all_results) / wall / n_nodes, 3),
-                    "episodes_per_cpu_s": round(len(all_results) / cpu, 4),
-                    "episodes_per_run_cpu_s": round(len(all_results) / own, 4) if own else None,
-                    "prep_p50_s": round(percentile(prep, 50), 3),
-                    "prep_p95_s": round(percentile(prep, 95), 3),
-                    "hit_rate_first_pass": passes[0]["hit_rate"],
-                    "hit_rate_second_pass": passes[1]["hit_rate"],
-                    "passes": passes,
-                    "per_node": per_node,
-                    "budget_never_exceeded": never_exceeded,
-                    "unpacks_per_layer_per_node_max": unpacks_max,
-                }
-            )
-            if with_node_loss:
-                mix = task_mix(tasks, args.loss_episodes or 2 * concurrency, seed=99)
-                out["node_loss"] = await node_loss(pool, sim, mix, concurrency, args.kill_after)
-                log(f"[{tag}] node loss: {out['node_loss']}")
-        finally:
-            await pool.close()
-        procs, dirs, waited = await wait_leftovers(marker, sim.runtime_roots, args.grace)
-        out["leftover_processes_after_pool_close"] = procs
-        out["leftover_dirs_after_pool_close"] = dirs
-        out["leftover_wait_s"] = waited
+        meter = CpuMeter([g.name for g in groups])
+        await run_passes(groups, meter, tasks, episodes, args.chunk)
+        idle = await idle_cpu(meter, groups, args.idle_sample)
+        for g in groups:
+            out[str(g.nodes)] = {**group_report(g, await g.pool.stats()), **idle[g.name]}
+        for g in groups:
+            if with_node_loss and g.nodes >= 2:
+                mix = task_mix(tasks, args.loss_episodes or 2 * g.concurrency, seed=99)
+                loss = await node_loss(g.pool, sim, mix, g.concurrency, args.kill_after)
+                out[str(g.nodes)]["node_loss"] = loss
+                log(f"[{g.name}] node loss: {loss}")
     finally:
+        await settle([g.pool.close() for g in groups])
+        for g in groups:
+            if str(g.nodes) in out:
+                procs, dirs, waited = await wait_leftovers(
+                    sim.marker(g.name), sim.runtime_roots(g.name), args.grace
+                )
+                out[str(g.nodes)].update(
+                    leftover_processes_after_pool_close=procs,
+                    leftover_dirs_after_pool_close=dirs,
+                    leftover_wait_s=waited,
+                )
         sim.stop()
-    procs, dirs, _ = await wait_leftovers(marker, sim.runtime_roots, args.grace)
-    out["leftover_processes"] = procs
-    out["leftover_dirs"] = dirs
+    for g in groups:
+        procs, dirs, _ = await wait_leftovers(
+            sim.marker(g.name), sim.runtime_roots(g.name), args.grace
+        )
+        out[str(g.nodes)].update(leftover_processes=procs, leftover_dirs=dirs)
     SPENT.append(sim.root)
     return out
 
@@ -492,6 +623,12 @@ def parse_args() -> argparse.Namespace:
         help="episodes of the run without cache-aware placement, at the largest node count "
         "(default: half of --episodes; 0 to skip)",
     )
+    ap.add_argument(
+        "--chunk",
+        type=int,
+        default=16,
+        help="episodes a node count runs before the next one takes its turn",
+    )
     ap.add_argument("--no-node-loss", action="store_true", help="skip the node-loss phase")
     ap.add_argument("--loss-episodes", type=int, help="episodes of it (default 2 × concurrency)")
     ap.add_argument("--kill-after", type=float, default=1.0, help="seconds after its first start")
@@ -520,7 +657,7 @@ def parse_args() -> argparse.Namespace:
 async def main() -> dict[str, Any]:
     global RUN_CGROUP
     args = parse_args()
-    RUN_CGROUP = RunCgroup()
+    RUN_CGROUP = RunCgroup()  # before Ray starts: all of its processes inside
     try:
         return await _main(args)
     finally:
@@ -549,14 +686,15 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     # The driver's cache is not a node's (removed at the end, see SPENT).
     SPENT.append(settings.cache)
 
-    runs: dict[str, Any] = {}
-    for n in args.node_counts:
-        loss = n >= 2 and not args.no_node_loss
-        runs[str(n)] = await run_config(args, builder, tasks, n, True, args.episodes, loss)
+    runs = await run_cluster(
+        args, builder, tasks, args.node_counts, True, args.episodes, not args.no_node_loss
+    )
     unaware = None
     if args.unaware_episodes:
         n = max(args.node_counts)
-        unaware = await run_config(args, builder, tasks, n, False, args.unaware_episodes, False)
+        unaware = (
+            await run_cluster(args, builder, tasks, [n], False, args.unaware_episodes, False)
+        )[str(n)]
 
     base = runs[str(args.node_counts[0])] if args.node_counts[0] == 1 else None
     for r in runs.values():
