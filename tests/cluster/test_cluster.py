@@ -285,6 +285,40 @@ async def test_no_node_is_given_more_sandboxes_than_its_capacity(
     assert max(most.values()) == CAPACITY
 
 
+# --------------------------------------------------------------------------- nodes joining
+
+
+async def test_a_node_that_joins_later_gets_a_request_waiting_for_a_slot(
+    settings: BuildSettings, nodes: Nodes, tasks: list[Task]
+) -> None:
+    # A pool of one node (its own slots resource), every slot taken: the next request waits.
+    # A node that joins meanwhile is taken up by the pool on its own, and the request goes there.
+    added = [nodes.add(slots="join_slots")]
+    config = PoolConfig(store=settings.store, slots_resource="join_slots", join_every_s=0.5)
+    pool = await SandboxPool(config).start()
+    try:
+        assert [n.node_id for n in pool.nodes] == [added[0].node_id]
+        async with contextlib.AsyncExitStack() as full:
+            for _ in range(CAPACITY):
+                await full.enter_async_context(pool.sandbox(tasks[0]))
+
+            async def one() -> str:
+                async with pool.sandbox(tasks[0]) as sb:
+                    assert (await sb.execute("echo here")).stdout == "here\n"
+                    return sb.node_id
+
+            waiting = asyncio.ensure_future(one())
+            await asyncio.sleep(1)
+            assert not waiting.done()  # no slot anywhere
+            added.append(nodes.add(slots="join_slots"))  # (Ray starts nodes on the main thread)
+            assert await asyncio.wait_for(waiting, 120) == added[1].node_id
+        assert len(pool.nodes) == 2 and await pool.refresh() == 0  # nothing new since
+    finally:
+        await pool.close()
+        for node in added:
+            nodes.cluster.remove_node(node)
+
+
 # --------------------------------------------------------------------------- faults
 
 

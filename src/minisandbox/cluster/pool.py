@@ -10,7 +10,7 @@
 The driver resolves a task's layers (building what is missing, into the shared store) and turns
 host interpreters into layers (tasks.launch.portable), so a node needs only the store and bwrap;
 a node that does not see the store copies the layers it needs from the driver's, through Ray
-(store_source.py).
+(store_source.py). Nodes that join the cluster later are taken up as placement finds them.
 It places each sandbox (placement.py): on a node that already holds its layers, unless that node
 is much busier than another, never past a node's capacity (its `minisandbox_slots` resource);
 when every node is full, the sandbox waits for a slot. The node's agent (node.py) unpacks what is
@@ -28,13 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from minisandbox.cluster.config import PoolConfig
 from minisandbox.cluster.node import NodeAgent
 from minisandbox.cluster.placement import NodeView, choose
 from minisandbox.cluster.remote import RemoteSandbox
@@ -57,33 +56,13 @@ except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
     ) from None
 
 T = TypeVar("T")
-SLOTS_RESOURCE = "minisandbox_slots"
 _RECOUNT_S = 2.0
 
 
-class PoolConfig(BaseModel):
-    """How a pool finds its nodes and places sandboxes."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    store: Path | None = None
-    """The layer store, at a path every node sees (default: $MINISANDBOX_STORE or the
-    builder's default)."""
-    node_store: Path | None = None
-    """Where the nodes see the store, when not at the driver's path. A node without it copies
-    the layers it needs from the driver's store, through Ray."""
-    slots_resource: str = SLOTS_RESOURCE
-    """The custom resource that marks a sandbox node; its amount is the node's capacity."""
-    cache_aware: bool = True
-    """Prefer nodes whose cache holds a task's layers (else: the least loaded)."""
-    balance: float = Field(0.5, ge=0)
-    """How much busier (a fraction of capacity) a node holding the layers may be than the
-    least loaded one and still be preferred. Half: a node's slots are what it runs well at
-    once, while an unpack costs seconds of its disk and CPU (an episode's worth or more)."""
-    retries: int = Field(0, ge=0)
-    """Default times an episode starts again on another node after its node was lost."""
-    build: bool = True
-    """Build a task's missing layers on the driver before placing it (else: TaskNotBuiltError)."""
+def _quiet(task: asyncio.Task[int]) -> None:
+    """A background look for joined nodes failed: the next one tries again."""
+    if not task.cancelled():
+        task.exception()
 
 
 @dataclass
@@ -107,6 +86,10 @@ class SandboxPool:
         self._source: Any = None
         self._closed = False
         self._closing: set[asyncio.Future[None]] = set()  # sandboxes opened for cancelled calls
+        self._joining: asyncio.Task[int] | None = None
+        self._looked_at = 0.0
+        self._tried: set[str] = set()  # nodes an agent was started on (or failed to start)
+        self._store_id = ""
         self.started: list[dict[str, Any]] = []
         """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
         the node's facts (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
@@ -122,14 +105,62 @@ class SandboxPool:
         if not ray.is_initialized():
             ray.init(address=os.environ.get("RAY_ADDRESS") or None)
         self._changed = asyncio.Condition()
-        agent_class = ray.remote(NodeAgent)
-        store = str(self.config.node_store or self.builder.settings.store)
-        store_id = await asyncio.to_thread(self.builder.store.identity)
-        for node in ray.nodes():
+        self._store_id = await asyncio.to_thread(self.builder.store.identity)
+        await self.refresh()
+        if not self.nodes:
+            raise PoolError(
+                f"no live Ray node has the {self.config.slots_resource!r} resource: start each "
+                f"sandbox node with --resources='{{\"{self.config.slots_resource}\": N}}'"
+            )
+        return self
+
+    async def refresh(self) -> int:
+        """Start agents on the sandbox nodes that joined the cluster since the pool last looked
+        (placement does so by itself every `join_every_s`); how many. A node whose agent
+        failed to start is not tried again.
+
+        Raises:
+            PoolError: the pool is not started.
+        """
+        if self._changed is None:
+            raise PoolError("the pool is not started: await pool.start() first")
+        self._looked_at = time.monotonic()
+        fresh = []
+        for node in await asyncio.to_thread(ray.nodes):
             capacity = int(node.get("Resources", {}).get(self.config.slots_resource, 0))
-            if not node.get("Alive") or capacity < 1:
-                continue
-            actor = agent_class.options(
+            if node.get("Alive") and capacity >= 1 and node["NodeID"] not in self._tried:
+                self._tried.add(node["NodeID"])
+                fresh.append(_Node(node_id=node["NodeID"], capacity=capacity))
+        try:
+            oks = await asyncio.gather(*map(self._join, fresh))
+        except BaseException:  # cancelled (the pool closing): no agent is left behind
+            for node in fresh:
+                if node.actor is not None:
+                    ray.kill(node.actor, no_restart=True)
+            raise
+        joined = [node for node, ok in zip(fresh, oks, strict=True) if ok]
+        self.nodes += joined
+        await self._notify()
+        return len(joined)
+
+    async def _join(self, node: _Node) -> bool:
+        """Start the node's agent and learn what its cache holds; False (no agent) if it fails."""
+        node.actor = self._agent(node)
+        try:
+            info = await self._call(node, "info")
+            node.cached, node.others = set(info["cached"]), int(info["open"])
+            if not info["shared_store"]:
+                await self._call(node, "set_source", self._store_source())
+        except MiniSandboxError:
+            ray.kill(node.actor, no_restart=True)
+            return False
+        return True
+
+    def _agent(self, node: _Node) -> Any:
+        """A new agent on `node` (a Ray actor)."""
+        return (
+            ray.remote(NodeAgent)
+            .options(
                 num_cpus=0,
                 max_restarts=0,
                 max_task_retries=0,
@@ -137,26 +168,24 @@ class SandboxPool:
                 # Ray kills a worker's child processes when it exits, the janitor among them,
                 # which would leave the agent's sandboxes' directories behind.
                 runtime_env={"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node["NodeID"], soft=False),
-            ).remote(store, store_id, capacity)
-            self.nodes.append(_Node(node_id=node["NodeID"], capacity=capacity, actor=actor))
-        if not self.nodes:
-            raise PoolError(
-                f"no live Ray node has the {self.config.slots_resource!r} resource: start each "
-                f"sandbox node with --resources='{{\"{self.config.slots_resource}\": N}}'"
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
             )
-        infos = await asyncio.gather(
-            *(self._call(n, "info") for n in self.nodes), return_exceptions=True
+            .remote(
+                str(self.config.node_store or self.builder.settings.store),
+                self._store_id,
+                node.capacity,
+            )
         )
-        for node, info in zip(self.nodes, infos, strict=True):
-            if isinstance(info, BaseException):
-                node.alive = False
-                continue
-            node.cached = set(info["cached"])
-            node.others = int(info["open"])
-            if not info["shared_store"]:
-                await self._call(node, "set_source", self._store_source())
-        return self
+
+    def _look_for_joined(self) -> None:
+        """Look for nodes that joined, in the background, when it is time to."""
+        every = self.config.join_every_s
+        if every is None or self._closed or time.monotonic() - self._looked_at < every:
+            return
+        if self._joining is None or self._joining.done():
+            self._looked_at = time.monotonic()
+            self._joining = asyncio.ensure_future(self.refresh())
+            self._joining.add_done_callback(_quiet)
 
     def _store_source(self) -> Any:
         """The actor serving the driver's store to nodes without it (started once)."""
@@ -184,6 +213,9 @@ class SandboxPool:
         """Stop every sandbox of this pool and end its agents; requests waiting for a slot
         fail with PoolError."""
         self._closed = True
+        if self._joining is not None:
+            self._joining.cancel()
+            await asyncio.gather(self._joining, return_exceptions=True)
         await self._notify()
         await settle(self._closing, timeout=30)
         nodes, self.nodes = self.nodes, []
@@ -272,6 +304,7 @@ class SandboxPool:
         if self._changed is None:
             raise PoolError("the pool is not started: await pool.start() first")
         while True:
+            self._look_for_joined()
             async with self._changed:
                 if self._closed:
                     raise PoolError("the pool is closed")
