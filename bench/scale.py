@@ -276,6 +276,8 @@ class SimCluster:
         self.one_cache = one_cache
         self.cluster: Cluster | None = None
         self.workers: list[Any] = []
+        self.ray_dir: str | None = None
+        self.old_tmpdir: str | None = None
 
     @staticmethod
     def resource(group: str) -> str:
@@ -330,15 +332,18 @@ class SimCluster:
         return next(w for w in self.workers if w.node_id == node_id)
 
     def stop(self) -> None:
+        """Everything start() started, however far it got."""
         ray.shutdown()
         if self.cluster is not None:
             self.cluster.shutdown()
             self.cluster = None
+        if self.ray_dir is not None:
             if self.old_tmpdir is None:
                 os.environ.pop("RAY_TMPDIR", None)
             else:
                 os.environ["RAY_TMPDIR"] = self.old_tmpdir
             remove_tree(self.ray_dir)
+            self.ray_dir = None
 
 
 # ---------------------------------------------------------------- episodes
@@ -366,7 +371,8 @@ def failures(results: list[EvalResult]) -> dict[str, int]:
     out: dict[str, int] = {}
     for r in results:
         if r.reward != 1.0:
-            key = f"{r.instance_id}: {r.status}: {(r.reason or '').splitlines()[0][:160]}"
+            first = next(iter((r.reason or "").splitlines()), "")
+            key = f"{r.instance_id}: {r.status}: {first[:160]}"
             out[key] = out.get(key, 0) + 1
     return out
 
@@ -432,12 +438,14 @@ async def run_passes(
     a slow minute of the machine falls on every group alike, and each group's CPU is what the
     machine and the run spent during its own turns, less the other groups' (idle) processes."""
     half = episodes // 2
+    rounds = 0  # counted over both passes: each group goes first as often as last
     for p, n in enumerate((half, episodes - half), start=1):
         mix = task_mix(tasks, n, seed=p)
         sums: dict[str, dict[str, Any]] = {g.name: {"wall_s": 0.0} for g in groups}
         firsts = {g.name: len(g.pool.started) for g in groups}
         for k in range(0, len(mix), chunk):
-            for g in groups if (k // chunk) % 2 == 0 else groups[::-1]:
+            rounds += 1
+            for g in groups if rounds % 2 else groups[::-1]:
                 began = time.monotonic()
                 async with meter.charge(g.name, sums[g.name]):
                     g.results += await run_episodes(g.pool, mix[k : k + chunk], g.concurrency)
@@ -547,10 +555,11 @@ async def run_cluster(
     tag = "aware" if cache_aware else "unaware"
     sim = SimCluster(args.work_dir / "clusters" / tag, sizes, args.slots, args.one_cache)
     log(f"[{tag}] starting a cluster of {sum(sizes)} sandbox nodes in groups of {sizes}")
-    sim.start()
+    SPENT.append(sim.root)
     out: dict[str, dict[str, Any]] = {}
     groups: list[Group] = []
     try:
+        sim.start()
         for name, n in sim.sizes.items():
             config = PoolConfig(
                 store=builder.settings.store,
@@ -592,7 +601,6 @@ async def run_cluster(
             sim.marker(g.name), sim.runtime_roots(g.name), args.grace
         )
         out[str(g.nodes)].update(leftover_processes=procs, leftover_dirs=dirs)
-    SPENT.append(sim.root)
     return out
 
 
@@ -615,7 +623,7 @@ def parse_args() -> argparse.Namespace:
         type=int,
         default=4,
         help="episodes at once, the same at every node count: the same offered load, shared by "
-        "more nodes (0: every slot of the cluster)",
+        "more nodes (0: every slot of the group)",
     )
     ap.add_argument(
         "--unaware-episodes",
@@ -651,6 +659,8 @@ def parse_args() -> argparse.Namespace:
         args.unaware_episodes = args.episodes // 2
     args.work_dir = args.work_dir.expanduser().resolve()
     args.node_counts = [int(x) for x in args.nodes.split(",") if x.strip()]
+    if args.chunk < 1 or args.episodes < 2:
+        ap.error("--chunk must be at least 1 and --episodes at least 2 (one per pass)")
     return args
 
 
