@@ -57,6 +57,7 @@ except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
 
 T = TypeVar("T")
 _RECOUNT_S = 2.0
+_AGENT = ray.remote(NodeAgent)  # one actor class for every agent: Ray exports it once
 
 
 def _quiet(task: asyncio.Task[int]) -> None:
@@ -158,23 +159,19 @@ class SandboxPool:
 
     def _agent(self, node: _Node) -> Any:
         """A new agent on `node` (a Ray actor)."""
-        return (
-            ray.remote(NodeAgent)
-            .options(
-                num_cpus=0,
-                max_restarts=0,
-                max_task_retries=0,
-                max_concurrency=100_000,
-                # Ray kills a worker's child processes when it exits, the janitor among them,
-                # which would leave the agent's sandboxes' directories behind.
-                runtime_env={"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
-            )
-            .remote(
-                str(self.config.node_store or self.builder.settings.store),
-                self._store_id,
-                node.capacity,
-            )
+        return _AGENT.options(
+            num_cpus=0,
+            max_restarts=0,
+            max_task_retries=0,
+            max_concurrency=100_000,
+            # Ray kills a worker's child processes when it exits, the janitor among them,
+            # which would leave the agent's sandboxes' directories behind.
+            runtime_env={"env_vars": {"RAY_kill_child_processes_on_worker_exit": "0"}},
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False),
+        ).remote(
+            str(self.config.node_store or self.builder.settings.store),
+            self._store_id,
+            node.capacity,
         )
 
     def _look_for_joined(self) -> None:
