@@ -31,7 +31,7 @@ import os
 import random
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -169,8 +169,8 @@ class CpuMeter:
             out[g + ".system"] = RUN_CGROUP.system_seconds(g)
         return out
 
-    @contextlib.asynccontextmanager
-    async def charge(self, group: str, into: dict[str, float | None]) -> AsyncIterator[None]:
+    @contextlib.contextmanager
+    def charge(self, group: str, into: dict[str, float | None]) -> Iterator[None]:
         """Add to `into` (`cpu_s`, `run_cpu_s`, `run_system_s`) what the block cost `group`:
         None where it cannot be measured."""
         before = self._read()
@@ -182,18 +182,17 @@ class CpuMeter:
             return None if a is None or b is None else a - b
 
         others = [g for g in self.groups if g != group]
-        for key, base in (
-            ("cpu_s", "machine"),
-            ("run_cpu_s", "run"),
-            ("run_system_s", "run_system"),
+        for key, base, of_group in (
+            ("cpu_s", "machine", ""),
+            ("run_cpu_s", "run", ""),
+            ("run_system_s", "run_system", ".system"),
         ):
             total = delta(base)
             if total is None or (key in into and into[key] is None):
                 into[key] = None
                 continue
-            suffix = ".system" if base == "run_system" else ""
             for g in others:
-                total -= delta(g + suffix) or 0.0
+                total -= delta(g + of_group) or 0.0
             into[key] = (into.get(key) or 0.0) + total
 
 
@@ -447,7 +446,7 @@ async def run_passes(
             rounds += 1
             for g in groups if rounds % 2 else groups[::-1]:
                 began = time.monotonic()
-                async with meter.charge(g.name, sums[g.name]):
+                with meter.charge(g.name, sums[g.name]):
                     g.results += await run_episodes(g.pool, mix[k : k + chunk], g.concurrency)
                 sums[g.name]["wall_s"] += time.monotonic() - began
         for g in groups:
@@ -469,9 +468,9 @@ async def idle_cpu(meter: CpuMeter, groups: list[Group], seconds: float) -> dict
     and the head's processes), sampled once the passes are over."""
     out: dict[str, dict[str, float | None]] = {g.name: {} for g in groups}
     began = time.monotonic()
-    async with contextlib.AsyncExitStack() as stack:
+    with contextlib.ExitStack() as stack:
         for g in groups:
-            await stack.enter_async_context(meter.charge(g.name, out[g.name]))
+            stack.enter_context(meter.charge(g.name, out[g.name]))
         await asyncio.sleep(seconds)
     took = time.monotonic() - began
 
