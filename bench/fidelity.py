@@ -50,6 +50,8 @@ def _verdict(r: EvalResult) -> dict[str, Any]:
         "reason": r.reason,
         "test_exit_code": r.test_exit_code,
         "seconds": r.duration_s,
+        "grading": r.grading,
+        "tampering": r.tampering,
     }
 
 

@@ -286,8 +286,10 @@ class _ScriptedRunner:
 
         text = command if isinstance(command, str) else " ".join(command)
         self.commands.append(text)
+        dry = "--numstat" in text or "--dry-run" in text  # guarded grading's reading of it
         if text.startswith(("git apply", "patch ")):
-            return ExecResult(exit_code=self.apply_codes.pop(0), stdout="", stderr="")
+            code = 0 if dry else self.apply_codes.pop(0)
+            return ExecResult(exit_code=code, stdout="", stderr="")
         return ExecResult(exit_code=0, stdout=self.log, stderr="")
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
@@ -336,7 +338,10 @@ async def test_the_procedure_on_a_scripted_runner(
     assert result.apply_command == want_cmd and result.patch_applied
     assert result.resolved is resolved and result.reward == (1.0 if resolved else 0.0)
     assert runner.files["/eval.sh"] == make_eval_script(task)
-    assert sum(c.startswith(("git apply", "patch ")) for c in runner.commands) == len(apply_codes)
+    applied = [c for c in runner.commands if c.startswith(("git apply", "patch "))]
+    assert len([c for c in applied if "--numstat" not in c and "--dry-run" not in c]) == len(
+        apply_codes
+    )
 
 
 async def test_a_patch_no_command_applies_is_an_error_on_a_scripted_runner(task: Task) -> None:

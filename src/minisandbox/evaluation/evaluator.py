@@ -34,8 +34,10 @@ from pydantic import BaseModel, Field
 
 from minisandbox.envs.layout import WHEELHOUSE
 from minisandbox.errors import CommandTimeoutError, GradingError, MiniSandboxError, SandboxFileError
+from minisandbox.evaluation import guard
 from minisandbox.evaluation.runner import CommandRunner
 from minisandbox.evaluation.services import start_services
+from minisandbox.evaluation.tampering import runs_pytest
 from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
@@ -82,6 +84,8 @@ _HOOK = f"""\
 """
 
 Status = Literal["resolved", "unresolved", "error"]
+Grading = Literal["guarded", "harness"]
+GRADINGS: tuple[Grading, ...] = ("guarded", "harness")
 
 
 class Grade(BaseModel):
@@ -116,6 +120,12 @@ class EvalResult(BaseModel):
     tests_status: dict[str, dict[str, list[str]]] = Field(default_factory=dict)
     log: str = ""
     duration_s: float = 0.0
+    grading: Grading = "guarded"
+    tampering: list[str] = Field(
+        default_factory=list,
+        description="each guard that fired (guarded grading): a rule of what a patch may "
+        "change (`path: ...`), or a disagreement of the test run (`runtime: ...`)",
+    )
 
     @classmethod
     def not_graded(cls, instance_id: str, patch: str | None, reason: str = "") -> EvalResult:
@@ -141,6 +151,11 @@ class EvalResult(BaseModel):
         }
         if self.tests_status:
             entry["tests_status"] = self.tests_status
+        # Ours beside swebench's fields (`resolved` is our reward's verdict).
+        entry["reward"] = self.reward
+        entry["swebench_resolved"] = self.swebench_resolved
+        entry["grading"] = self.grading
+        entry["tampering"] = self.tampering
         return {self.instance_id: entry}
 
 
@@ -279,14 +294,19 @@ class Evaluator:
         *,
         timeout: float = DEFAULT_TIMEOUT,
         on_phase: Callable[[str, str], None] | None = None,
+        grading: Grading = "guarded",
     ):
+        if grading not in GRADINGS:
+            raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, not {grading!r}")
         self.builder = builder or Builder()
         self.timeout = timeout
         self.on_phase = on_phase
+        self.grading: Grading = grading
 
     async def evaluate(self, task: Task, patch: str | None) -> EvalResult:
         began = time.monotonic()
         result = EvalResult.not_graded(task.id, patch)
+        result.grading = self.grading
         try:
             if self.on_phase is not None:
                 self.on_phase(task.id, "starting sandbox")
@@ -301,21 +321,41 @@ class Evaluator:
 
     async def run_in(self, sb: CommandRunner, task: Task, patch: str, result: EvalResult) -> None:
         """The harness's procedure in `sb` (a fresh sandbox of the task): apply `patch`, run
-        the eval script with the task's services, grade the log into `result`."""
+        the eval script with the task's services, grade the log into `result`. Guarded
+        grading adds its checks (evaluation.guard) around it; whatever they find, the tests
+        still run, so that `swebench_resolved` is the harness's verdict on the same patch."""
+        result.grading = self.grading
+        guarded = self.grading == "guarded"
+        base = await guard.base_state(sb) if guarded else None
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
-        elif not await self._apply(sb, patch, result):
-            result.status, result.reason = "error", "the patch does not apply"
-            return
+        else:
+            await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
+            if base is not None:
+                result.tampering += await guard.check_patch(sb, task, PATCH_PATH, patch, base)
+            if not await self._apply(sb, result, base, task):
+                result.status, result.reason = "error", "the patch does not apply"
+                return
+            if base is not None:
+                result.tampering += await guard.check_configs(sb, patch)
         script = make_eval_script(task)
         await sb.write_file(EVAL_SCRIPT_PATH, script)
         await sb.write_file(_HOOK_PATH, _HOOK)
+        grader_env = {}
+        if base is not None and runs_pytest(task):
+            grader_env = await guard.install_plugin(sb, base)
         async with start_services(sb, task) as service_env:
+            env = {"BASH_ENV": _HOOK_PATH, **service_env}
+            if grader_env:
+                addopts = " ".join(
+                    filter(None, (grader_env["PYTEST_ADDOPTS"], env.get("PYTEST_ADDOPTS")))
+                )
+                env["PYTEST_ADDOPTS"] = addopts
             try:
                 run = await sb.execute(
                     ["/bin/bash", EVAL_SCRIPT_PATH],
                     cwd="/testbed",
-                    env={"BASH_ENV": _HOOK_PATH, **service_env},
+                    env=env,
                     timeout=self.timeout,
                     merge_stderr=True,
                     max_output=64 << 20,
@@ -327,6 +367,7 @@ class Evaluator:
         if result.timed_out:
             result.status = "unresolved"
             result.reason = f"the tests timed out after {self.timeout:g} s (process tree killed)"
+            result.reward = 0.0
             return
         # Absent: the end marker never ran. The tests could have replaced it (a link to
         # /dev/zero, a FIFO, a huge file): read_file refuses those, and an exit status is short.
@@ -338,7 +379,30 @@ class Evaluator:
         result.resolved, result.swebench_resolved = g.resolved, g.swebench_resolved
         result.test_results, result.tests_status = g.test_results, g.tests_status
         result.reason = g.reason
-        result.status = "resolved" if g.resolved else "unresolved"
+        if base is not None and grader_env:
+            result.tampering += await guard.check_run(
+                sb,
+                task,
+                base,
+                log_results=g.test_results,
+                test_exit_code=result.test_exit_code,
+                patch=patch,
+            )
+        result.tampering = list(dict.fromkeys(result.tampering))
+        if not guarded:  # the harness's verdict, exactly
+            result.resolved = g.swebench_resolved
+            result.reason = "" if g.swebench_resolved else g.reason
+        elif result.tampering:
+            result.resolved = False
+            paths = [t for t in result.tampering if t.startswith("path: ")]
+            why = (
+                f"the patch changes what decides the tests: {paths[0].removeprefix('path: ')}"
+                if paths
+                else "the test run was tampered with: "
+                + result.tampering[0].removeprefix("runtime: ")
+            )
+            result.reason = "; ".join(filter(None, (why, g.reason)))
+        result.status = "resolved" if result.resolved else "unresolved"
         if result.empty_patch and result.resolved:
             # The harness never counts an empty patch as resolved (it does not even run it);
             # the tests passing anyway is worth knowing: the task is broken (see validation).
@@ -347,10 +411,15 @@ class Evaluator:
             result.reason = "empty patch (the tests pass without it: the task is not valid)"
         result.reward = 1.0 if result.resolved else 0.0
 
-    async def _apply(self, sb: CommandRunner, patch: str, result: EvalResult) -> bool:
-        await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
+    async def _apply(
+        self, sb: CommandRunner, result: EvalResult, base: guard.BaseState | None, task: Task
+    ) -> bool:
+        """The harness's apply commands in its order. Guarded, `patch`'s fallback is checked
+        first by its own dry run (it writes what git refuses, .git/hooks among them)."""
         outputs = []
         for command in APPLY_COMMANDS:
+            if base is not None and command.startswith("patch "):
+                result.tampering += await guard.check_patch_fallback(sb, task, PATCH_PATH, base)
             r = await sb.execute(f"{command} {PATCH_PATH}", cwd="/testbed", merge_stderr=True)
             outputs.append(f"$ {command} {PATCH_PATH}\n{r.stdout}")
             if r.exit_code == 0:
@@ -367,9 +436,11 @@ async def evaluate(
     *,
     builder: Builder | None = None,
     timeout: float = DEFAULT_TIMEOUT,
+    grading: Grading = "guarded",
 ) -> EvalResult:
-    """Evaluate `patch` for `task` in a fresh sandbox: the verdict, reward, tests and log."""
-    return await Evaluator(builder, timeout=timeout).evaluate(task, patch)
+    """Evaluate `patch` for `task` in a fresh sandbox: the verdict, reward, tests and log
+    (`grading="harness"`: exactly the harness's verdict, no guard; for comparisons)."""
+    return await Evaluator(builder, timeout=timeout, grading=grading).evaluate(task, patch)
 
 
 async def evaluate_many(

@@ -1,0 +1,215 @@
+"""The guarded grading's steps in a task sandbox, around the harness's procedure (evaluator).
+
+Before the patch: what the checkout and the environment hold (every file's git blob id, what
+Python imports from where). Then the patch's paths, as our parser and as git's own read them,
+against the rules (patch_rules); after it applies, the test runner's config sections. Before
+the tests: the grader's pytest plugin written into site-packages, and it and the runner's
+packages made read-only there (a patch's setup.py runs before the tests, with the environment
+writable). After them: the plugin's record against the log (tampering).
+
+Nothing of the patch has run before the tests: the checks up to there read a sandbox the
+patch has only written files into.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import posixpath
+import shlex
+import sys
+
+from pydantic import BaseModel, Field
+
+from minisandbox.errors import SandboxFileError
+from minisandbox.evaluation.patch_rules import (
+    config_refusal,
+    mixed_configs,
+    refusals,
+    shadowing,
+)
+from minisandbox.evaluation.runner import CommandRunner
+from minisandbox.evaluation.tampering import (
+    PLUGIN_ADDOPT,
+    PLUGIN_MODULE,
+    RESULTS_MAX_BYTES,
+    RESULTS_PATH,
+    check_pytest_run,
+)
+from minisandbox.tasks.patches import PatchedFile, patched_files, unquote_path
+from minisandbox.tasks.specs import Task
+from minisandbox.utils.resources import package_text
+
+_CONFIG_MAX_BYTES = 4 << 20
+# The runner's packages in site-packages, made read-only beside the plugin.
+_RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "py", "pytest.py", "py.py")
+
+
+class BaseState(BaseModel):
+    """The checkout and its environment before the patch."""
+
+    blobs: dict[str, str] = Field(default_factory=dict, description="file → git blob id")
+    paths: set[str] = Field(default_factory=set, description="every file and directory")
+    purelib: str | None = None
+    path_dirs: list[str] = Field(default_factory=list, description="sys.path inside /testbed")
+    modules: set[str] = Field(default_factory=set, description="importable from outside")
+    runner_paths: list[str] = Field(default_factory=list, description="to make read-only")
+
+
+def _helper(name: str) -> str:
+    return package_text("minisandbox.evaluation", "helpers", name)
+
+
+async def base_state(sb: CommandRunner) -> BaseState:
+    """What the checkout (HEAD: the base commit) and its Python hold, read in the sandbox."""
+    tree = await sb.execute(
+        ["git", "ls-tree", "-r", "-t", "-z", "--full-tree", "HEAD"],
+        cwd="/testbed",
+        max_output=64 << 20,
+    )
+    state = BaseState()
+    for entry in tree.stdout.split("\0"):
+        meta, _, path = entry.partition("\t")
+        fields = meta.split()
+        if len(fields) != 3 or not path:
+            continue
+        state.paths.add(path)
+        if fields[1] == "blob":
+            state.blobs[path] = fields[2]
+    probe = await sb.execute(["python", "-c", _helper("site_probe.py")], cwd="/testbed")
+    try:
+        found = json.loads(probe.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return state  # no Python here: nothing imports, nothing to shadow
+    state.purelib = found.get("purelib")
+    state.path_dirs = [p for p in found.get("path", []) if isinstance(p, str)]
+    state.modules = {m for m in found.get("modules", []) if isinstance(m, str)}
+    state.modules.add(PLUGIN_MODULE)
+    if state.purelib:
+        listed = await sb.execute(["ls", "-1A", state.purelib])
+        present = set(listed.stdout.split("\n"))
+        state.runner_paths = [
+            posixpath.join(state.purelib, p) for p in _RUNNER_PACKAGES if p in present
+        ]
+    return state
+
+
+async def check_patch(
+    sb: CommandRunner, task: Task, patch_path: str, patch: str, base: BaseState
+) -> list[str]:
+    """The rules the patch breaks, by its headers and by git's own reading of its paths."""
+    files = patched_files(patch)
+    named = {p for f in files for p in (f.path, f.old_path) if p}
+    numstat = await sb.execute(["git", "apply", "--numstat", "-z", patch_path], cwd="/testbed")
+    out = []
+    if numstat.exit_code == 0:
+        for entry in numstat.stdout.split("\0"):
+            path = entry.split("\t", 2)[-1] if entry.count("\t") >= 2 else entry
+            if path and path not in named:
+                out.append(f"path: git reads a path the patch's headers do not name ({path!r})")
+                files.append(PatchedFile(path=path))
+    out += refusals(task, files, base.paths)
+    out += shadowing(files, base.path_dirs, base.modules)
+    return list(dict.fromkeys(out))
+
+
+async def check_patch_fallback(
+    sb: CommandRunner, task: Task, patch_path: str, base: BaseState
+) -> list[str]:
+    """What `patch` (the harness's last fallback) would write, by its own dry run, against the
+    rules: it reads headers git ignores, and follows none of git's refusals."""
+    dry = await sb.execute(
+        f"patch --dry-run --batch --fuzz=5 -p1 -i {shlex.quote(patch_path)}",
+        cwd="/testbed",
+        merge_stderr=True,
+    )
+    files = []
+    for line in dry.stdout.splitlines():
+        for prefix in ("checking file ", "checking symbolic link "):
+            if line.startswith(prefix):
+                name, _, renamed = line[len(prefix) :].partition(" (renamed from ")
+                name = name.strip()
+                if len(name) >= 2 and name[0] == name[-1] == "'":
+                    name = name[1:-1]
+                files.append(PatchedFile(path=unquote_path(name), change="create"))
+                if renamed:
+                    files.append(PatchedFile(path=renamed.rstrip(")"), change="delete"))
+    return refusals(task, files, base.paths) + shadowing(files, base.path_dirs, base.modules)
+
+
+async def check_configs(sb: CommandRunner, patch: str) -> list[str]:
+    """The test runner's sections of the mixed config files the patch changed, before and
+    after it applied."""
+    out = []
+    for path in mixed_configs(patched_files(patch)):
+        shown = await sb.execute(["git", "show", f"HEAD:{path}"], cwd="/testbed")
+        before = shown.stdout if shown.exit_code == 0 else None
+        try:
+            after: str | None = await sb.read_text(
+                posixpath.join("/testbed", path), max_bytes=_CONFIG_MAX_BYTES
+            )
+        except SandboxFileError:
+            after = None
+        why = config_refusal(path, before, after)
+        if why:
+            out.append(why)
+    return out
+
+
+async def install_plugin(sb: CommandRunner, base: BaseState) -> dict[str, str]:
+    """The grader's plugin in site-packages, it and the runner's packages read-only; the
+    environment that makes pytest load it first. Empty when there is no site-packages."""
+    if not base.purelib:
+        return {}
+    target = posixpath.join(base.purelib, f"{PLUGIN_MODULE}.py")
+    await sb.write_file(target, _helper(f"{PLUGIN_MODULE}.py"))
+    await read_only(sb, [target, *base.runner_paths])
+    return {"PYTEST_ADDOPTS": PLUGIN_ADDOPT}
+
+
+async def read_only(sb: CommandRunner, paths: list[str]) -> None:
+    """Bind each of `paths` read-only over itself in the sandbox (helpers/read_only.py).
+
+    Raises:
+        SandboxFileError: the sandbox is not running, or the kernel refused a mount.
+    """
+    if sb.pid is None:
+        raise SandboxFileError("the sandbox is not running")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-I",
+        "-c",
+        _helper("read_only.py"),
+        str(sb.pid),
+        *paths,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise SandboxFileError(f"making the test runner read-only failed: {out.decode().strip()}")
+
+
+async def check_run(
+    sb: CommandRunner,
+    task: Task,
+    base: BaseState,
+    *,
+    log_results: dict[str, str],
+    test_exit_code: int | None,
+    patch: str,
+) -> list[str]:
+    """The plugin's record against the log and the exit status (tampering.check_pytest_run)."""
+    try:
+        text: str | None = await sb.read_text(RESULTS_PATH, max_bytes=RESULTS_MAX_BYTES)
+    except SandboxFileError:
+        text = None
+    patched = {p for f in patched_files(patch) for p in (f.path, f.old_path) if p}
+    return check_pytest_run(
+        task,
+        text,
+        log_results=log_results,
+        test_exit_code=test_exit_code,
+        base_blobs=base.blobs,
+        patched=patched,
+    )

@@ -1,0 +1,176 @@
+"""Was the test run tampered with? The grader plugin's record against the log and the exit status.
+
+The plugin (helpers/minisandbox_grader.py) records what pytest itself saw; here the host reads
+that record back (bounded, as data: the sandbox could have written anything there) and names
+each disagreement. Any one makes the reward 0: a correct patch never makes the runner's own call
+results, its reports, the log and the exit status tell different stories.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from minisandbox.tasks.specs import Task
+
+RESULTS_PATH = "/tmp/.minisandbox-grader/results.jsonl"
+RESULTS_MAX_BYTES = 64 << 20
+PLUGIN_MODULE = "minisandbox_grader"
+PLUGIN_ADDOPT = f"-p {PLUGIN_MODULE}"
+_PYTEST_COMMAND = re.compile(r"(^|[\s/;&|(])(pytest|py\.test|tox)(\s|$)")
+_TESTBED = "/testbed/"
+_LOG_PASSED = ("PASSED", "XFAIL")
+_MIXED = ("setup.cfg", "tox.ini", "pyproject.toml")
+
+
+def runs_pytest(task: Task) -> bool:
+    """Whether the task's test command runs pytest (directly or through tox)."""
+    return task.log_parser not in ("sympy", "django") and bool(
+        _PYTEST_COMMAND.search(task.test_cmd)
+    )
+
+
+def parse_records(text: str) -> tuple[list[dict[str, Any]], int]:
+    """The plugin's JSON lines, and how many lines were not one of its records."""
+    records, bad = [], 0
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(record, dict) and isinstance(record.get("e"), str):
+            records.append(record)
+        else:
+            bad += 1
+    return records, bad
+
+
+def _rel(path: object) -> str | None:
+    if not isinstance(path, str) or not path.startswith(_TESTBED):
+        return None
+    return posixpath.normpath(path[len(_TESTBED) :])
+
+
+def _runner_own(rel: str) -> bool:
+    """A module of the runner itself (pytest's repository): the code under test there."""
+    parts = rel.split("/")
+    return (
+        "_pytest" in parts[:-1]
+        or parts[-1] in ("pytest.py", "__main__.py")
+        or "pytest" in parts[:-1]
+    )
+
+
+class _Tests:
+    """The plugin's per-phase records, by test id."""
+
+    def __init__(self, records: Iterable[dict[str, Any]]) -> None:
+        self.phases: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            if r.get("e") == "test" and isinstance(r.get("id"), str):
+                self.phases.setdefault(r["id"], []).append(r)
+
+    def find(self, name: str) -> list[list[dict[str, Any]]]:
+        """The records of the test swebench names `name` (its parser cuts an id at a space)."""
+        if name in self.phases:
+            return [self.phases[name]]
+        return [p for tid, p in self.phases.items() if tid.startswith(name + " ")]
+
+    @staticmethod
+    def verdict(phases: list[dict[str, Any]]) -> str:
+        """ "passed", "xfailed" or what failed, from the runner's own call results."""
+        xfailed = False
+        for p in phases:
+            kind = p.get("kind")
+            if kind is None:
+                continue
+            if p.get("wasxfail") and (p.get("xfail_marked") or p.get("xfail_in_test", False)):
+                xfailed = True
+                continue
+            if kind == "skip":
+                return f"skipped in {p.get('when')}"
+            return f"{p.get('exc')} in {p.get('when')}"
+        return "xfailed" if xfailed else "passed"
+
+
+def check_pytest_run(
+    task: Task,
+    text: str | None,
+    *,
+    log_results: dict[str, str],
+    test_exit_code: int | None,
+    base_blobs: dict[str, str],
+    patched: set[str] | frozenset[str] = frozenset(),
+) -> list[str]:
+    """Every way the plugin's record (`text`, None when there is none) disagrees with the log's
+    parsed results, the exit status, or the base commit (`base_blobs`: path → git blob id of
+    each file of the checkout before the patch; `patched`: the paths the patch changed, whose
+    runner sections were compared already). Empty when the run is what it looks like."""
+    if not log_results and test_exit_code not in (0, 1):
+        return []  # nothing ran to speak of: unresolved already, and no claim to check
+    records, bad = parse_records(text or "")
+    starts = [r for r in records if r["e"] == "start"]
+    if not starts:
+        return ["runtime: the grader's pytest plugin did not run (pytest started without it)"]
+    out: list[str] = []
+    token = starts[0].get("token")
+    if len(starts) > 1 or bad or records[0] is not starts[0]:
+        out.append("runtime: the grader's record was written by something other than its plugin")
+    if any(r.get("token") != token for r in records):
+        out.append("runtime: the grader's record holds lines of another writer")
+    ends = [r for r in records if r["e"] == "end"]
+    if not ends:
+        out.append("runtime: pytest never finished its session (the process exited early)")
+    else:
+        end = ends[-1]
+        status = end.get("exitstatus")
+        if test_exit_code is not None and (status == 0) != (test_exit_code == 0):
+            out.append(
+                f"runtime: pytest's session ended with status {status} but the test command "
+                f"exited {test_exit_code}"
+            )
+        for name in end.get("replaced") or []:
+            out.append(f"runtime: the runner's {name} was replaced in memory during the run")
+    for why in starts[0].get("replaced_before") or []:
+        out.append(f"runtime: the runner's {why} (changed before pytest started)")
+    ini = _rel(starts[0].get("inifile"))
+    # A setup.cfg / tox.ini / pyproject.toml the patch changed had its runner sections compared
+    # (patch_rules.config_refusal); any other change since the base commit was not the patch's.
+    compared = ini in patched and posixpath.basename(ini or "") in _MIXED
+    if ini is not None and not compared and base_blobs.get(ini) != starts[0].get("ini_blob"):
+        out.append(f"runtime: pytest read a configuration the base commit does not have ({ini})")
+    for r in records:
+        if r["e"] != "plugin":
+            continue
+        rel = _rel(r.get("file"))
+        if rel is None or _runner_own(rel):
+            continue
+        if base_blobs.get(rel) != r.get("blob"):
+            out.append(f"runtime: pytest loaded a plugin the base commit does not have ({rel})")
+    tests = _Tests(records)
+    for tid, phases in tests.phases.items():
+        for p in phases:
+            if p.get("kind") in ("error", "skip") and p.get("outcome") == "passed":
+                out.append(
+                    f"runtime: {tid} raised {p.get('exc')} in {p.get('when')} but was reported "
+                    "as passed"
+                )
+                break
+    for name in [*task.fail_to_pass, *task.pass_to_pass]:
+        if log_results.get(name) not in _LOG_PASSED:
+            continue
+        found = tests.find(name)
+        if not found:
+            out.append(f"runtime: the log says {name} passed, but pytest never ran it")
+            continue
+        verdicts = [tests.verdict(p) for p in found]
+        failing = [v for v in verdicts if v not in ("passed", "xfailed")]
+        if failing:
+            out.append(f"runtime: the log says {name} passed, but pytest saw {failing[0]}")
+    return list(dict.fromkeys(out))
