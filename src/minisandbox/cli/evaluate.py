@@ -58,6 +58,13 @@ def eval_(
     ),
     run_id: str = typer.Option("minisandbox", "--run-id", help="Names the run's summary file."),
     timeout: float = typer.Option(1800.0, "--timeout", help="Seconds the tests may take."),
+    grading: str = typer.Option(
+        "guarded",
+        "--grading",
+        help="`guarded` (the reward: swebench's verdict, and no patch may change what decides "
+        "the tests or tamper with the run) or `harness` (exactly SWE-bench's harness, for "
+        "comparisons).",
+    ),
     store: Path = StoreOpt,
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
@@ -78,9 +85,12 @@ def eval_(
     read-only, permission): then the run stops, the reports of the instances finished so far
     stay, and no summary is written."""
     from minisandbox.errors import MiniSandboxError
+    from minisandbox.evaluation.evaluator import GRADINGS
     from minisandbox.evaluation.predictions import run_log_dir
     from minisandbox.tasks.specs import path_name_problem
 
+    if grading not in GRADINGS:
+        fail(f"--grading {grading!r} is not one of {', '.join(GRADINGS)}: use --grading guarded")
     problem = path_name_problem(run_id)
     if problem is not None:
         fail(f"--run-id {run_id!r} {problem}: it names the run's directory and summary file")
@@ -99,7 +109,9 @@ def eval_(
         dirs = list(dict.fromkeys([log_dir, report_dir]))  # once each, when they are the same
         for d in dirs:
             _check_writable(d)  # before hours of evaluation, not after
-        results = run_async(_eval_all(builder, loaded, preds, dirs, jobs, timeout, quiet, written))
+        results = run_async(
+            _eval_all(builder, loaded, preds, dirs, jobs, (timeout, grading), quiet, written)
+        )
         _eval_summary(loaded, preds, results, report_dir, log_dir, run_id, json_out)
     except MiniSandboxError as e:
         fail(str(e))
@@ -167,7 +179,7 @@ async def _eval_all(
     preds: dict[str, Prediction],
     report_dirs: list[Path],
     jobs: int,
-    timeout: float,
+    timing: tuple[float, str],
     quiet: bool,
     written: list[str],
 ) -> dict[str, EvalResult]:
@@ -178,7 +190,7 @@ async def _eval_all(
     todo = [t for t in tasks if t.id in preds]
     with Progress("evaluating", len(todo), quiet) as progress:
         return await _build_and_eval(
-            builder, todo, preds, report_dirs, jobs, timeout, written, progress
+            builder, todo, preds, report_dirs, jobs, timing, written, progress
         )
 
 
@@ -188,7 +200,7 @@ async def _build_and_eval(
     preds: dict[str, Prediction],
     report_dirs: list[Path],
     jobs: int,
-    timeout: float,
+    timing: tuple[float, str],
     written: list[str],
     progress: Progress,
 ) -> dict[str, EvalResult]:
@@ -221,8 +233,9 @@ async def _build_and_eval(
         write(r)
         progress.done(r.instance_id, f"{r.status}: {r.reason}" if r.reason else r.status)
 
+    timeout, grading = timing
     evaluated = await evaluate_many(
-        Evaluator(builder, timeout=timeout, on_phase=progress.phase),
+        Evaluator(builder, timeout=timeout, on_phase=progress.phase, grading=grading),  # type: ignore[arg-type]
         [(t, preds[t.id].model_patch) for t in ready],
         jobs=jobs,
         on_done=done,
@@ -262,6 +275,11 @@ def _eval_summary(
                     "error_ids": by_status["error"],
                     "empty_patch_ids": [i for i, r in results.items() if r.empty_patch],
                     "rewards": {i: r.reward for i, r in results.items()},
+                    "grading": next((r.grading for r in results.values()), "guarded"),
+                    "swebench_resolved": sum(r.swebench_resolved for r in results.values()),
+                    "swebench_resolved_ids": [i for i, r in results.items() if r.swebench_resolved],
+                    "tampered": sum(bool(r.tampering) for r in results.values()),
+                    "tampering": {i: r.tampering for i, r in results.items() if r.tampering},
                     "reasons": {i: r.reason for i, r in results.items() if r.reason},
                     "model": model,
                     "report": str(summary_path),

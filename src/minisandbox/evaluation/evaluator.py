@@ -387,6 +387,7 @@ class Evaluator:
                 log_results=g.test_results,
                 test_exit_code=result.test_exit_code,
                 patch=patch,
+                parse=log_parser(task),
             )
         result.tampering = list(dict.fromkeys(result.tampering))
         if not guarded:  # the harness's verdict, exactly

@@ -18,6 +18,7 @@ import json
 import posixpath
 import shlex
 import sys
+from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
@@ -198,6 +199,7 @@ async def check_run(
     log_results: dict[str, str],
     test_exit_code: int | None,
     patch: str,
+    parse: Callable[[str], dict[str, str]] | None = None,
 ) -> list[str]:
     """The plugin's record against the log and the exit status (tampering.check_pytest_run)."""
     try:
@@ -212,4 +214,5 @@ async def check_run(
         test_exit_code=test_exit_code,
         base_blobs=base.blobs,
         patched=patched,
+        parse=parse,
     )

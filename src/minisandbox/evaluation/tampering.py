@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from minisandbox.tasks.specs import Task
@@ -107,11 +107,13 @@ def check_pytest_run(
     test_exit_code: int | None,
     base_blobs: dict[str, str],
     patched: set[str] | frozenset[str] = frozenset(),
+    parse: Callable[[str], dict[str, str]] | None = None,
 ) -> list[str]:
     """Every way the plugin's record (`text`, None when there is none) disagrees with the log's
     parsed results, the exit status, or the base commit (`base_blobs`: path → git blob id of
     each file of the checkout before the patch; `patched`: the paths the patch changed, whose
-    runner sections were compared already). Empty when the run is what it looks like."""
+    runner sections were compared already; `parse`: the task's log parser, which names the
+    plugin's tests as it names the log's). Empty when the run is what it looks like."""
     if not log_results and test_exit_code not in (0, 1):
         return []  # nothing ran to speak of: unresolved already, and no claim to check
     records, bad = parse_records(text or "")
@@ -162,14 +164,27 @@ def check_pytest_run(
                     "as passed"
                 )
                 break
+    # The plugin's tests named by the log's own parser (it rewrites ids: paths in parameters
+    # cut to their last part, escapes): "STATUS id" lines as pytest -rA writes them, and "id
+    # STATUS" as pytest -v does (SWE-smith's parser reads those).
+    seen: dict[str, str] = {}
+    if parse is not None:
+        lines = []
+        for tid, phases in tests.phases.items():
+            verdict = tests.verdict(phases)
+            status = {"passed": "PASSED", "xfailed": "XFAIL"}.get(verdict, "FAILED")
+            lines += [f"{status} {tid}", f"{tid} {status}"]
+        seen = parse("\n".join(lines))
     for name in [*task.fail_to_pass, *task.pass_to_pass]:
         if log_results.get(name) not in _LOG_PASSED:
             continue
         found = tests.find(name)
-        if not found:
+        verdicts = [tests.verdict(p) for p in found]
+        if name in seen:
+            verdicts.append("passed" if seen[name] in _LOG_PASSED else "failed")
+        if not verdicts:
             out.append(f"runtime: the log says {name} passed, but pytest never ran it")
             continue
-        verdicts = [tests.verdict(p) for p in found]
         failing = [v for v in verdicts if v not in ("passed", "xfailed")]
         if failing:
             out.append(f"runtime: the log says {name} passed, but pytest saw {failing[0]}")

@@ -142,6 +142,8 @@ def _unlike_source(obj):
     code = _code_of(obj)
     if code is None:
         return ""
+    if code.co_filename.startswith("<attrs generated ") and code.co_name == "__init__":
+        return ""  # made by attrs (older pytest's CallInfo, reports) from the class: no source
     if not os.path.isfile(code.co_filename):
         return f"its code comes from no file ({code.co_filename})"
     compiled = _compiled(code.co_filename).get((code.co_name, code.co_firstlineno))
