@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -204,7 +204,7 @@ async def _build_and_eval(
     written: list[str],
     progress: Progress,
 ) -> dict[str, EvalResult]:
-    from minisandbox.evaluation.evaluator import EvalResult, Evaluator, evaluate_many
+    from minisandbox.evaluation.evaluator import EvalResult, Evaluator, Grading, evaluate_many
     from minisandbox.evaluation.predictions import write_instance_report
 
     builds = await build_all(builder, todo, jobs, False, progress, final=False)
@@ -235,7 +235,9 @@ async def _build_and_eval(
 
     timeout, grading = timing
     evaluated = await evaluate_many(
-        Evaluator(builder, timeout=timeout, on_phase=progress.phase, grading=grading),  # type: ignore[arg-type]
+        Evaluator(
+            builder, timeout=timeout, on_phase=progress.phase, grading=cast(Grading, grading)
+        ),
         [(t, preds[t.id].model_patch) for t in ready],
         jobs=jobs,
         on_done=done,

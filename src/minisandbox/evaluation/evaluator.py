@@ -325,8 +325,7 @@ class Evaluator:
         grading adds its checks (evaluation.guard) around it; whatever they find, the tests
         still run, so that `swebench_resolved` is the harness's verdict on the same patch."""
         result.grading = self.grading
-        guarded = self.grading == "guarded"
-        base = await guard.base_state(sb) if guarded else None
+        base = await guard.base_state(sb) if self.grading == "guarded" else None
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
         else:
@@ -338,19 +337,46 @@ class Evaluator:
                 return
             if base is not None:
                 result.tampering += await guard.check_configs(sb, patch)
-        script = make_eval_script(task)
-        await sb.write_file(EVAL_SCRIPT_PATH, script)
-        await sb.write_file(_HOOK_PATH, _HOOK)
         grader_env = {}
         if base is not None and runs_pytest(task):
             grader_env = await guard.install_plugin(sb, base)
+        await self._run_tests(sb, task, result, grader_env)
+        if result.timed_out:
+            result.status = "unresolved"
+            result.reason = f"the tests timed out after {self.timeout:g} s (process tree killed)"
+            result.reward = 0.0
+            return
+        # Absent: the end marker never ran. The tests could have replaced it (a link to
+        # /dev/zero, a FIFO, a huge file): read_file refuses those, and an exit status is short.
+        with contextlib.suppress(SandboxFileError):
+            rc = (await sb.read_text(_RC_PATH, max_bytes=_RC_MAX_BYTES)).strip()
+            if rc.lstrip("-").isdigit():
+                result.test_exit_code = int(rc)
+        g = grade(task, result.log, test_exit_code=result.test_exit_code)
+        if base is not None and grader_env:
+            result.tampering += await guard.check_run(
+                sb,
+                task,
+                base,
+                log_results=g.test_results,
+                test_exit_code=result.test_exit_code,
+                patch=patch,
+                parse=log_parser(task),
+            )
+        self._verdict(result, g)
+
+    async def _run_tests(
+        self, sb: CommandRunner, task: Task, result: EvalResult, grader_env: dict[str, str]
+    ) -> None:
+        """The eval script, with the task's services (and the grader's plugin): its log into
+        `result`, or that it timed out."""
+        await sb.write_file(EVAL_SCRIPT_PATH, make_eval_script(task))
+        await sb.write_file(_HOOK_PATH, _HOOK)
         async with start_services(sb, task) as service_env:
             env = {"BASH_ENV": _HOOK_PATH, **service_env}
             if grader_env:
-                addopts = " ".join(
-                    filter(None, (grader_env["PYTEST_ADDOPTS"], env.get("PYTEST_ADDOPTS")))
-                )
-                env["PYTEST_ADDOPTS"] = addopts
+                ours, theirs = grader_env["PYTEST_ADDOPTS"], env.get("PYTEST_ADDOPTS")
+                env["PYTEST_ADDOPTS"] = f"{ours} {theirs}" if theirs else ours
             try:
                 run = await sb.execute(
                     ["/bin/bash", EVAL_SCRIPT_PATH],
@@ -364,33 +390,14 @@ class Evaluator:
             except CommandTimeoutError as e:
                 result.log = e.output + f"\n\nTimeout error: {self.timeout:g} seconds exceeded."
                 result.timed_out = True
-        if result.timed_out:
-            result.status = "unresolved"
-            result.reason = f"the tests timed out after {self.timeout:g} s (process tree killed)"
-            result.reward = 0.0
-            return
-        # Absent: the end marker never ran. The tests could have replaced it (a link to
-        # /dev/zero, a FIFO, a huge file): read_file refuses those, and an exit status is short.
-        with contextlib.suppress(SandboxFileError):
-            rc = (await sb.read_text(_RC_PATH, max_bytes=_RC_MAX_BYTES)).strip()
-            if rc.lstrip("-").isdigit():
-                result.test_exit_code = int(rc)
-        g = grade(task, result.log, test_exit_code=result.test_exit_code)
+
+    def _verdict(self, result: EvalResult, g: Grade) -> None:
+        """`result`'s verdict and reward from the log's grade and the guards that fired."""
         result.resolved, result.swebench_resolved = g.resolved, g.swebench_resolved
         result.test_results, result.tests_status = g.test_results, g.tests_status
         result.reason = g.reason
-        if base is not None and grader_env:
-            result.tampering += await guard.check_run(
-                sb,
-                task,
-                base,
-                log_results=g.test_results,
-                test_exit_code=result.test_exit_code,
-                patch=patch,
-                parse=log_parser(task),
-            )
         result.tampering = list(dict.fromkeys(result.tampering))
-        if not guarded:  # the harness's verdict, exactly
+        if self.grading == "harness":  # the harness's verdict, exactly
             result.resolved = g.swebench_resolved
             result.reason = "" if g.swebench_resolved else g.reason
         elif result.tampering:

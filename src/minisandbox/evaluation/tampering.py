@@ -120,7 +120,20 @@ def check_pytest_run(
     starts = [r for r in records if r["e"] == "start"]
     if not starts:
         return ["runtime: the grader's pytest plugin did not run (pytest started without it)"]
-    out: list[str] = []
+    out = _run_problems(records, starts, bad, test_exit_code)
+    out += _config_problems(records, starts[0], base_blobs, patched)
+    out += _test_problems(task, _Tests(records), log_results, parse)
+    return list(dict.fromkeys(out))
+
+
+def _run_problems(
+    records: list[dict[str, Any]],
+    starts: list[dict[str, Any]],
+    bad: int,
+    test_exit_code: int | None,
+) -> list[str]:
+    """One writer, one session that ended, with the test command's exit status."""
+    out = []
     token = starts[0].get("token")
     if len(starts) > 1 or bad or records[0] is not starts[0]:
         out.append("runtime: the grader's record was written by something other than its plugin")
@@ -128,24 +141,33 @@ def check_pytest_run(
         out.append("runtime: the grader's record holds lines of another writer")
     ends = [r for r in records if r["e"] == "end"]
     if not ends:
-        out.append("runtime: pytest never finished its session (the process exited early)")
-    else:
-        end = ends[-1]
-        status = end.get("exitstatus")
-        if test_exit_code is not None and (status == 0) != (test_exit_code == 0):
-            out.append(
-                f"runtime: pytest's session ended with status {status} but the test command "
-                f"exited {test_exit_code}"
-            )
-        for name in end.get("replaced") or []:
-            out.append(f"runtime: the runner's {name} was replaced in memory during the run")
+        return [*out, "runtime: pytest never finished its session (the process exited early)"]
+    status = ends[-1].get("exitstatus")
+    if test_exit_code is not None and (status == 0) != (test_exit_code == 0):
+        out.append(
+            f"runtime: pytest's session ended with status {status} but the test command "
+            f"exited {test_exit_code}"
+        )
+    for name in ends[-1].get("replaced") or []:
+        out.append(f"runtime: the runner's {name} was replaced in memory during the run")
     for why in starts[0].get("replaced_before") or []:
         out.append(f"runtime: the runner's {why} (changed before pytest started)")
-    ini = _rel(starts[0].get("inifile"))
+    return out
+
+
+def _config_problems(
+    records: list[dict[str, Any]],
+    start: dict[str, Any],
+    base_blobs: dict[str, str],
+    patched: set[str] | frozenset[str],
+) -> list[str]:
+    """The ini file and every plugin from the checkout must be the base commit's."""
+    out = []
+    ini = _rel(start.get("inifile"))
     # A setup.cfg / tox.ini / pyproject.toml the patch changed had its runner sections compared
     # (patch_rules.config_refusal); any other change since the base commit was not the patch's.
     compared = ini in patched and posixpath.basename(ini or "") in _MIXED
-    if ini is not None and not compared and base_blobs.get(ini) != starts[0].get("ini_blob"):
+    if ini is not None and not compared and base_blobs.get(ini) != start.get("ini_blob"):
         out.append(f"runtime: pytest read a configuration the base commit does not have ({ini})")
     for r in records:
         if r["e"] != "plugin":
@@ -155,7 +177,17 @@ def check_pytest_run(
             continue
         if base_blobs.get(rel) != r.get("blob"):
             out.append(f"runtime: pytest loaded a plugin the base commit does not have ({rel})")
-    tests = _Tests(records)
+    return out
+
+
+def _test_problems(
+    task: Task,
+    tests: _Tests,
+    log_results: dict[str, str],
+    parse: Callable[[str], dict[str, str]] | None,
+) -> list[str]:
+    """Reports that say passed over a failure; tests the log passes that pytest did not."""
+    out = []
     for tid, phases in tests.phases.items():
         for p in phases:
             if p.get("kind") in ("error", "skip") and p.get("outcome") == "passed":
@@ -178,8 +210,7 @@ def check_pytest_run(
     for name in [*task.fail_to_pass, *task.pass_to_pass]:
         if log_results.get(name) not in _LOG_PASSED:
             continue
-        found = tests.find(name)
-        verdicts = [tests.verdict(p) for p in found]
+        verdicts = [tests.verdict(p) for p in tests.find(name)]
         if name in seen:
             verdicts.append("passed" if seen[name] in _LOG_PASSED else "failed")
         if not verdicts:
@@ -188,4 +219,4 @@ def check_pytest_run(
         failing = [v for v in verdicts if v not in ("passed", "xfailed")]
         if failing:
             out.append(f"runtime: the log says {name} passed, but pytest saw {failing[0]}")
-    return list(dict.fromkeys(out))
+    return out

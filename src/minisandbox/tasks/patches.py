@@ -137,6 +137,7 @@ def _side(name: str, prefix: str) -> str | None:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
+# long: one pass over the lines, each kind of header line a branch
 def patched_files(patch: str) -> list[PatchedFile]:
     """Every file `patch` changes, in order, from its headers: `diff --git` names, `---` /
     `+++`, git's rename / copy / new / deleted / mode lines. Hunk bodies are skipped by their
