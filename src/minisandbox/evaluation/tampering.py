@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from minisandbox.tasks.specs import Task
+from minisandbox.tasks.specs import Task, files_in_patch
 
 RESULTS_PATH = "/tmp/.minisandbox-grader/results.jsonl"
 RESULTS_MAX_BYTES = 64 << 20
@@ -121,7 +121,9 @@ def check_pytest_run(
     if not starts:
         return ["runtime: the grader's pytest plugin did not run (pytest started without it)"]
     out = _run_problems(records, starts, bad, test_exit_code)
-    out += _config_problems(records, starts[0], base_blobs, patched)
+    # The eval script applies the test patch: its files are the dataset's, not the base's.
+    from_tests = set(files_in_patch(task.test_patch))
+    out += _config_problems(records, starts[0], base_blobs, patched, from_tests)
     out += _test_problems(task, _Tests(records), log_results, parse)
     return list(dict.fromkeys(out))
 
@@ -160,8 +162,10 @@ def _config_problems(
     start: dict[str, Any],
     base_blobs: dict[str, str],
     patched: set[str] | frozenset[str],
+    from_tests: set[str],
 ) -> list[str]:
-    """The ini file and every plugin from the checkout must be the base commit's."""
+    """The ini file and every plugin from the checkout must be the base commit's (or the test
+    patch's)."""
     out = []
     ini = _rel(start.get("inifile"))
     # A setup.cfg / tox.ini / pyproject.toml the patch changed had its runner sections compared
@@ -173,7 +177,7 @@ def _config_problems(
         if r["e"] != "plugin":
             continue
         rel = _rel(r.get("file"))
-        if rel is None or _runner_own(rel):
+        if rel is None or _runner_own(rel) or rel in from_tests:
             continue
         if base_blobs.get(rel) != r.get("blob"):
             out.append(f"runtime: pytest loaded a plugin the base commit does not have ({rel})")
@@ -208,7 +212,9 @@ def _test_problems(
             lines += [f"{status} {tid}", f"{tid} {status}"]
         seen = parse("\n".join(lines))
     for name in [*task.fail_to_pass, *task.pass_to_pass]:
-        if log_results.get(name) not in _LOG_PASSED:
+        # A name that is no pytest id ("[100%]": a progress mark a dataset took for a test)
+        # names nothing pytest runs: there is nothing to compare.
+        if log_results.get(name) not in _LOG_PASSED or "::" not in name:
             continue
         verdicts = [tests.verdict(p) for p in tests.find(name)]
         if name in seen:
