@@ -37,7 +37,7 @@ from minisandbox.errors import CommandTimeoutError, GradingError, MiniSandboxErr
 from minisandbox.evaluation import guard
 from minisandbox.evaluation.runner import CommandRunner
 from minisandbox.evaluation.services import start_services
-from minisandbox.evaluation.tampering import runs_pytest
+from minisandbox.evaluation.tampering import runs_pytest, runs_sympy
 from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
@@ -340,6 +340,8 @@ class Evaluator:
         grader_env = {}
         if base is not None and runs_pytest(task):
             grader_env = await guard.install_plugin(sb, base)
+        elif base is not None and runs_sympy(task):
+            grader_env = await guard.install_sympy_hook(sb, base)
         await self._run_tests(sb, task, result, grader_env)
         if result.timed_out:
             result.status = "unresolved"
@@ -374,9 +376,11 @@ class Evaluator:
         await sb.write_file(_HOOK_PATH, _HOOK)
         async with start_services(sb, task) as service_env:
             env = {"BASH_ENV": _HOOK_PATH, **service_env}
-            if grader_env:
+            if "PYTEST_ADDOPTS" in grader_env:
                 ours, theirs = grader_env["PYTEST_ADDOPTS"], env.get("PYTEST_ADDOPTS")
                 env["PYTEST_ADDOPTS"] = f"{ours} {theirs}" if theirs else ours
+            elif grader_env:
+                env.update(grader_env)
             try:
                 run = await sb.execute(
                     ["/bin/bash", EVAL_SCRIPT_PATH],

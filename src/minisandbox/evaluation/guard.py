@@ -35,7 +35,9 @@ from minisandbox.evaluation.tampering import (
     PLUGIN_MODULE,
     RESULTS_MAX_BYTES,
     RESULTS_PATH,
+    SYMPY_HOOK_MODULE,
     check_pytest_run,
+    check_sympy_run,
 )
 from minisandbox.tasks.patches import PatchedFile, patched_files, unquote_path
 from minisandbox.tasks.specs import Task
@@ -168,6 +170,24 @@ async def install_plugin(sb: CommandRunner, base: BaseState) -> dict[str, str]:
     return {"PYTEST_ADDOPTS": PLUGIN_ADDOPT}
 
 
+_SYMPY_RUNNER = ("bin/test", "sympy/testing/runtests.py", "sympy/utilities/runtests.py")
+
+
+async def install_sympy_hook(sb: CommandRunner, base: BaseState) -> dict[str, str]:
+    """The grader's hook into sympy's runner (helpers/minisandbox_grader_sympy.py), imported by
+    a .pth at every interpreter start; it, and sympy's runner in the checkout, read-only (the
+    eval script's reinstall runs the patch's setup.py first). Empty without site-packages."""
+    if not base.purelib:
+        return {}
+    module = posixpath.join(base.purelib, f"{SYMPY_HOOK_MODULE}.py")
+    pth = posixpath.join(base.purelib, "minisandbox-grader.pth")
+    await sb.write_file(module, _helper(f"{SYMPY_HOOK_MODULE}.py"))
+    await sb.write_file(pth, f"import {SYMPY_HOOK_MODULE}\n")
+    runner = [f"/testbed/{p}" for p in _SYMPY_RUNNER if p in base.blobs]
+    await read_only(sb, [module, pth, *runner])
+    return {"MINISANDBOX_GRADER": "sympy"}
+
+
 async def read_only(sb: CommandRunner, paths: list[str]) -> None:
     """Bind each of `paths` read-only over itself in the sandbox (helpers/read_only.py).
 
@@ -201,11 +221,16 @@ async def check_run(
     patch: str,
     parse: Callable[[str], dict[str, str]] | None = None,
 ) -> list[str]:
-    """The plugin's record against the log and the exit status (tampering.check_pytest_run)."""
+    """The plugin's (or sympy hook's) record against the log and the exit status
+    (tampering.check_pytest_run, check_sympy_run)."""
     try:
         text: str | None = await sb.read_text(RESULTS_PATH, max_bytes=RESULTS_MAX_BYTES)
     except SandboxFileError:
         text = None
+    if task.log_parser == "sympy":
+        return check_sympy_run(
+            task, text, log_results=log_results, test_exit_code=test_exit_code, parse=parse
+        )
     patched = {p for f in patched_files(patch) for p in (f.path, f.old_path) if p}
     return check_pytest_run(
         task,

@@ -20,6 +20,7 @@ RESULTS_PATH = "/tmp/.minisandbox-grader/results.jsonl"
 RESULTS_MAX_BYTES = 64 << 20
 PLUGIN_MODULE = "minisandbox_grader"
 PLUGIN_ADDOPT = f"-p {PLUGIN_MODULE}"
+SYMPY_HOOK_MODULE = "minisandbox_grader_sympy"
 _PYTEST_COMMAND = re.compile(r"(^|[\s/;&|(])(pytest|py\.test|tox)(\s|$)")
 _TESTBED = "/testbed/"
 _LOG_PASSED = ("PASSED", "XFAIL")
@@ -31,6 +32,11 @@ def runs_pytest(task: Task) -> bool:
     return task.log_parser not in ("sympy", "django") and bool(
         _PYTEST_COMMAND.search(task.test_cmd)
     )
+
+
+def runs_sympy(task: Task) -> bool:
+    """Whether the task's test command is sympy's own runner (`bin/test`)."""
+    return task.log_parser == "sympy" and "bin/test" in task.test_cmd
 
 
 def parse_records(text: str) -> tuple[list[dict[str, Any]], int]:
@@ -226,3 +232,65 @@ def _test_problems(
         if failing:
             out.append(f"runtime: the log says {name} passed, but pytest saw {failing[0]}")
     return out
+
+
+_SYMPY_LOG = {"pass": "ok", "xfail": "f", "skip": "s"}
+
+
+def check_sympy_run(
+    task: Task,
+    text: str | None,
+    *,
+    log_results: dict[str, str],
+    test_exit_code: int | None,
+    parse: Callable[[str], dict[str, str]] | None = None,
+) -> list[str]:
+    """The sympy hook's record (helpers/minisandbox_grader_sympy.py) against the log: every
+    process that loaded the runner ended through its exit handlers, none replaced the runner's
+    functions, the runner's own verdict agrees with the exit status, and every FAIL_TO_PASS /
+    PASS_TO_PASS test the log passes was passed by the runner itself."""
+    if not log_results and test_exit_code not in (0, 1):
+        return []
+    records, bad = parse_records(text or "")
+    by_token: dict[object, list[dict[str, Any]]] = {}
+    for r in records:
+        by_token.setdefault(r.get("token"), []).append(r)
+    if not records:
+        return ["runtime: the grader's sympy hook did not run (the runner started without it)"]
+    out = []
+    if bad or any(rs[0]["e"] != "start" for rs in by_token.values()):
+        out.append("runtime: the grader's record was written by something other than its hook")
+    for rs in by_token.values():
+        ends = [r for r in rs if r["e"] == "end"]
+        if not ends:
+            out.append("runtime: a test process ended before its exit handlers ran (os._exit)")
+        for name in (ends[-1].get("replaced") or []) if ends else []:
+            out.append(f"runtime: sympy's runner's {name} was replaced in memory during the run")
+    finishes = [r for r in records if r["e"] == "finish"]
+    if not finishes:
+        out.append("runtime: sympy's runner never reached its summary")
+    elif test_exit_code == 0 and not all(r.get("ok") for r in finishes):
+        out.append("runtime: sympy's runner found failures but the test command exited 0")
+    verdicts: dict[str, set[str]] = {}
+    for r in records:
+        if r["e"] == "test" and isinstance(r.get("id"), str):
+            verdicts.setdefault(r["id"], set()).add(str(r.get("kind")))
+    seen: dict[str, str] = {}
+    if parse is not None:
+        lines = [
+            f"{t} {_SYMPY_LOG.get(next(iter(k)), 'F') if len(k) == 1 else 'F'}"
+            for t, k in verdicts.items()
+        ]
+        seen = parse("\n".join(lines))
+    for name in [*task.fail_to_pass, *task.pass_to_pass]:
+        if log_results.get(name) not in _LOG_PASSED:
+            continue
+        kinds = verdicts.get(name)
+        if not kinds and name not in seen:
+            out.append(f"runtime: the log says {name} passed, but sympy's runner never ran it")
+        elif (kinds and kinds != {"pass"}) or seen.get(name, "PASSED") not in _LOG_PASSED:
+            out.append(
+                f"runtime: the log says {name} passed, but sympy's runner saw "
+                f"{', '.join(sorted(kinds or {'a failure'}))}"
+            )
+    return list(dict.fromkeys(out))
