@@ -115,7 +115,8 @@ def _record(*records: dict) -> str:
 
 def _run_of(task: Task, text: str | None, rc: int = 0, status: str = "PASSED") -> list[str]:
     log = {t: status for t in [*task.fail_to_pass, *task.pass_to_pass]}
-    return check_pytest_run(task, text, log_results=log, test_exit_code=rc, base_blobs={})
+    blobs = {"tests/test_semverkit.py": "0" * 40}
+    return check_pytest_run(task, text, log_results=log, test_exit_code=rc, base_blobs=blobs)
 
 
 def test_a_faithful_record_raises_nothing(task: Task) -> None:

@@ -130,7 +130,8 @@ def check_pytest_run(
     # The eval script applies the test patch: its files are the dataset's, not the base's.
     from_tests = set(files_in_patch(task.test_patch))
     out += _config_problems(records, starts[0], base_blobs, patched, from_tests)
-    out += _test_problems(task, _Tests(records), log_results, parse)
+    files = {*base_blobs, *from_tests}
+    out += _test_problems(task, _Tests(records), log_results, parse, files)
     return list(dict.fromkeys(out))
 
 
@@ -195,8 +196,10 @@ def _test_problems(
     tests: _Tests,
     log_results: dict[str, str],
     parse: Callable[[str], dict[str, str]] | None,
+    files: set[str],
 ) -> list[str]:
-    """Reports that say passed over a failure; tests the log passes that pytest did not."""
+    """Reports that say passed over a failure; tests the log passes that pytest did not.
+    `files`: the checkout's, after the test patch."""
     out = []
     for tid, phases in tests.phases.items():
         for p in phases:
@@ -218,9 +221,13 @@ def _test_problems(
             lines += [f"{status} {tid}", f"{tid} {status}"]
         seen = parse("\n".join(lines))
     for name in [*task.fail_to_pass, *task.pass_to_pass]:
-        # A name that is no pytest id ("[100%]": a progress mark a dataset took for a test)
-        # names nothing pytest runs: there is nothing to compare.
+        # A name that is no pytest id ("[100%]": a progress mark a dataset took for a test), or
+        # one of a file the checkout does not have (pytest's own tests run pytest on files they
+        # make: their inner runs' lines are in the log, and in the dataset) names nothing this
+        # session runs: there is nothing to compare.
         if log_results.get(name) not in _LOG_PASSED or "::" not in name:
+            continue
+        if name.split("::", 1)[0] not in files:
             continue
         verdicts = [tests.verdict(p) for p in tests.find(name)]
         if name in seen:
