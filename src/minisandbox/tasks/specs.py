@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from minisandbox.envs.asof import as_of_date
 from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.tasks.patches import patched_files
 
 # GitHub: owners are letters, digits and single hyphens; names may also hold "." and "_".
 _REPO = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*/[A-Za-z0-9._-]+")
@@ -82,40 +83,7 @@ def files_in_patch(patch: str) -> list[str]:
     Hunks are skipped by their line counts, so a removed line that itself starts with "-- "
     is never taken for a file header.
     """
-    files: list[str] = []
-
-    def add(path: str | None) -> None:
-        if path and path != "/dev/null" and path not in files:
-            files.append(path)
-
-    old: str | None = None
-    git_path: str | None = None  # from "diff --git", for diffs without ---/+++ (renames, binary)
-    left = right = 0  # lines still expected in the current hunk
-    for line in patch.split("\n"):  # not splitlines: a source line may hold a form feed
-        if left > 0 or right > 0:
-            tag = line[:1]
-            if tag in (" ", ""):
-                left, right = left - 1, right - 1
-            elif tag == "-":
-                left -= 1
-            elif tag == "+":
-                right -= 1
-            continue
-        if line.startswith("diff --git "):
-            add(git_path)
-            m = _DIFF_GIT.match(line)
-            git_path = m.group(1) if m else None
-        elif m := _HUNK.match(line):
-            left = int(m.group(1)) if m.group(1) is not None else 1
-            right = int(m.group(2)) if m.group(2) is not None else 1
-        elif line.startswith("--- "):
-            old = _strip_prefix(line[4:], "a/")
-        elif line.startswith("+++ "):
-            new = _strip_prefix(line[4:], "b/")
-            add(old if new == "/dev/null" else new)
-            git_path = old = None
-    add(git_path)
-    return files
+    return list(dict.fromkeys(f.path for f in patched_files(patch) if f.path))
 
 
 def _strip_prefix(path: str, prefix: str) -> str:
