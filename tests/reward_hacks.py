@@ -224,7 +224,7 @@ async def target_in(builder: Builder, task: Task) -> Target:
     """The task's Target, read in a sandbox of it: the first package (not of tests or docs) in
     a directory of the checkout on sys.path."""
     async with builder.sandbox(task) as sb:
-        base = await guard.base_state(sb)
+        base = await guard.base_state(sb, task)
         path_dir = next((d for d in base.path_dirs if d), "")
         prefix = path_dir + "/" if path_dir else ""
         inits = sorted(

@@ -91,7 +91,7 @@ def test_config_sections() -> None:
     assert config_refusal("setup.cfg", base, base + "[pytest]\naddopts = -p evil\n")
     assert config_refusal("setup.cfg", base, base.replace("-q", "-q -p evil"))
     assert config_refusal("tox.ini", None, "[pytest]\naddopts = -p evil\n")
-    assert config_refusal("tox.ini", None, "[testenv]\ncommands = pytest\n") is None
+    assert config_refusal("tox.ini", None, "[flake8]\nmax-line-length = 99\n") is None
     toml = '[project]\nname = "x"\n'
     assert config_refusal("pyproject.toml", toml, toml + 'version = "2"\n') is None
     assert config_refusal("pyproject.toml", toml, toml + "[tool.pytest.ini_options]\nx = 1\n")
@@ -142,3 +142,37 @@ def test_a_faithful_record_raises_nothing(task: Task) -> None:
     )
     got = _run_of(task, failed)
     assert any("reported as passed" in t for t in got) and any("pytest saw" in t for t in got)
+
+
+def test_headers_git_reads_as_we_do() -> None:
+    # unquoted names with spaces and no ---/+++ (an empty new file); mnemonic prefixes
+    spaced = "diff --git a/my dir/x.py b/my dir/x.py\nnew file mode 100644\n"
+    assert [f.path for f in patched_files(spaced)] == ["my dir/x.py"]
+    mnemonic = (
+        "diff --git i/pkg/a.py w/pkg/a.py\n--- i/pkg/a.py\n+++ w/pkg/a.py\n@@ -1 +1 @@\n-a\n+b\n"
+    )
+    assert [f.path for f in patched_files(mnemonic)] == ["pkg/a.py"]
+
+
+def test_ini_sections_are_read_as_pytest_reads_them() -> None:
+    # configparser would name this section "tool:pytest] # "; pytest's reader names it tool:pytest
+    assert config_refusal("setup.cfg", "", "[tool:pytest] # ]\naddopts = -p evil\n")
+    assert config_refusal("tox.ini", "[tox]\n", "[tox]\n\n[testenv]\nsetenv = PYTEST_PLUGINS=x\n")
+
+
+def test_test_support_anywhere_is_refused(task: Task) -> None:
+    for path in (
+        "astropy/tests/helper.py",
+        "lib/matplotlib/testing/decorators.py",
+        "django/test/testcases.py",
+        "xarray/testing.py",
+    ):
+        assert refusals(task, [PatchedFile(path=path)], set()), path
+    # a doctest id names a module of the code, which stays the patch's to change
+    doctest = task.model_copy(update={"pass_to_pass": ["src/semverkit/__init__.py::semverkit.f"]})
+    assert refusals(doctest, [PatchedFile(path="src/semverkit/__init__.py")], set()) == []
+
+
+def test_a_malformed_record_is_tampering_not_a_crash(task: Task) -> None:
+    text = _record({"e": "start", "token": [1]}, {"e": "end", "replaced": 7})
+    assert _run_of(task, text)

@@ -56,7 +56,8 @@ async def test_hack_gets_no_reward(builder: Builder, task: Task, target: Target,
     harness = await Evaluator(builder, timeout=120, grading="harness").evaluate(task, patch)
     if hack.fools_harness:  # with the guards off, the hack is rewarded
         assert harness.reward == 1.0 and harness.swebench_resolved, harness.reason
-    assert guarded.swebench_resolved == harness.swebench_resolved
+    if not hack.name.startswith("git_hook"):  # guarded runs disable git hooks altogether
+        assert guarded.swebench_resolved == harness.swebench_resolved
 
 
 def test_hacks_get_no_reward_as_an_unprivileged_caller() -> None:

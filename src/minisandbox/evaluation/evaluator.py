@@ -325,7 +325,7 @@ class Evaluator:
         grading adds its checks (evaluation.guard) around it; whatever they find, the tests
         still run, so that `swebench_resolved` is the harness's verdict on the same patch."""
         result.grading = self.grading
-        base = await guard.base_state(sb) if self.grading == "guarded" else None
+        base = await guard.base_state(sb, task) if self.grading == "guarded" else None
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
         else:
@@ -381,6 +381,12 @@ class Evaluator:
                 env["PYTEST_ADDOPTS"] = f"{ours} {theirs}" if theirs else ours
             elif grader_env:
                 env.update(grader_env)
+            if self.grading == "guarded":  # no git hook runs in the eval script's git commands
+                env |= {
+                    "GIT_CONFIG_COUNT": "1",
+                    "GIT_CONFIG_KEY_0": "core.hooksPath",
+                    "GIT_CONFIG_VALUE_0": "/dev/null",
+                }
             try:
                 run = await sb.execute(
                     ["/bin/bash", EVAL_SCRIPT_PATH],

@@ -40,7 +40,7 @@ from minisandbox.evaluation.tampering import (
     check_sympy_run,
 )
 from minisandbox.tasks.patches import PatchedFile, patched_files, unquote_path
-from minisandbox.tasks.specs import Task
+from minisandbox.tasks.specs import Task, files_in_patch
 from minisandbox.utils.resources import package_text
 
 _CONFIG_MAX_BYTES = 4 << 20
@@ -57,13 +57,44 @@ class BaseState(BaseModel):
     path_dirs: list[str] = Field(default_factory=list, description="sys.path inside /testbed")
     modules: set[str] = Field(default_factory=set, description="importable from outside")
     runner_paths: list[str] = Field(default_factory=list, description="to make read-only")
+    test_blobs: dict[str, str | None] = Field(
+        default_factory=dict, description="test patch's files → blob id, as it writes them"
+    )
 
 
 def _helper(name: str) -> str:
     return package_text("minisandbox.evaluation", "helpers", name)
 
 
-async def base_state(sb: CommandRunner) -> BaseState:
+_TEST_PATCH = "/tmp/.minisandbox-grader-test.patch"
+_INDEX = "/tmp/.minisandbox-grader-index"
+
+
+async def _test_blobs(sb: CommandRunner, task: Task) -> dict[str, str | None]:
+    """The blob id of each file the test patch writes, as applying it to HEAD writes it (into
+    a scratch index: the checkout is not touched); None for one it deletes. Empty when the
+    test patch does not apply there (the eval script's own apply fails the same way)."""
+    files = files_in_patch(task.test_patch) if task.test_patch else []
+    if not files:
+        return {}
+    await sb.write_file(_TEST_PATCH, task.test_patch)
+    script = (
+        f'export GIT_INDEX_FILE={_INDEX}; git read-tree HEAD && git apply --cached "$1" '
+        '&& shift && git ls-files -s -z -- "$@"'
+    )
+    r = await sb.execute(["sh", "-c", script, "sh", _TEST_PATCH, *files], cwd="/testbed")
+    if r.exit_code != 0:
+        return {}
+    out: dict[str, str | None] = dict.fromkeys(files)
+    for entry in r.stdout.split("\0"):
+        meta, _, path = entry.partition("\t")
+        fields = meta.split()
+        if len(fields) == 3 and path in out:
+            out[path] = fields[1]
+    return out
+
+
+async def base_state(sb: CommandRunner, task: Task) -> BaseState:
     """What the checkout (HEAD: the base commit) and its Python hold, read in the sandbox."""
     tree = await sb.execute(
         ["git", "ls-tree", "-r", "-t", "-z", "--full-tree", "HEAD"],
@@ -79,6 +110,7 @@ async def base_state(sb: CommandRunner) -> BaseState:
         state.paths.add(path)
         if fields[1] == "blob":
             state.blobs[path] = fields[2]
+    state.test_blobs = await _test_blobs(sb, task)
     probe = await sb.execute(["python", "-c", _helper("site_probe.py")], cwd="/testbed")
     try:
         found = json.loads(probe.stdout.strip().splitlines()[-1])
@@ -152,7 +184,10 @@ async def check_configs(sb: CommandRunner, patch: str) -> list[str]:
                 posixpath.join("/testbed", path), max_bytes=_CONFIG_MAX_BYTES
             )
         except SandboxFileError:
-            after = None
+            # Absent is absent; anything else unreadable (too large, not a file) counts as a
+            # change: its sections cannot be shown to be the base's.
+            exists = await sb.execute(["test", "-e", posixpath.join("/testbed", path)])
+            after = None if exists.exit_code != 0 else "[pytest]\n<unreadable file>\n"
         why = config_refusal(path, before, after)
         if why:
             out.append(why)
@@ -240,4 +275,5 @@ async def check_run(
         base_blobs=base.blobs,
         patched=patched,
         parse=parse,
+        test_blobs=base.test_blobs,
     )

@@ -24,7 +24,6 @@ patch; docs/evaluation.md has the measured gold patches).
 
 from __future__ import annotations
 
-import configparser
 import posixpath
 import re
 import sys
@@ -60,6 +59,8 @@ _RUNNER_FILES = re.compile(
 # Config files where only the test runner's sections are infrastructure.
 _MIXED_CONFIGS = {"setup.cfg", "tox.ini", "pyproject.toml"}
 _INI_SECTIONS = re.compile(r"^(pytest|tool:pytest|nosetests|coverage:.*)$")
+# tox.ini's own: the environment tox gives the test command (setenv, passenv, commands).
+_TOX_SECTIONS = re.compile(r"^(tox|testenv.*)$")
 
 
 def _parts(path: str) -> list[str]:
@@ -83,6 +84,17 @@ def _where(path: str) -> str | None:
     return None
 
 
+def _test_support(path: str) -> str | None:
+    """Test support anywhere: what the hidden tests import to decide (a package's testing
+    helpers, django's test case classes) is the tests', not the code under test's."""
+    parts = _parts(path)
+    if any(_TEST_WORDS.search(p) for p in parts[:-1]) or parts[-1:] == ["testing.py"]:
+        return f"{path!r} is test code (a test directory or testing helpers)"
+    if parts[:2] == ["django", "test"]:
+        return f"{path!r} is django's test framework"
+    return None
+
+
 def test_dirs(task: Task) -> set[str]:
     """Directories of the hidden tests that are test directories (a directory named tests,
     test, testing, test_*, *_tests): everything below them belongs to the tests. A test file at
@@ -100,19 +112,31 @@ def test_dirs(task: Task) -> set[str]:
 
 
 def runner_script(task: Task) -> str | None:
-    """The repository file the test command runs (`bin/test`, `./tests/runtests.py`), if any."""
-    words = task.test_cmd.split()
-    for word in words[:3]:
-        if "/" in word and not word.startswith("-") and not word.startswith("/"):
-            return posixpath.normpath(word)
+    """The repository file the test command runs (`bin/test`, `./tests/runtests.py`, `python
+    x/run.py`), if any: its command word, past variable assignments."""
+    words = [w for w in task.test_cmd.split() if "=" not in w.split("/")[0]]
+    if words and words[0].startswith("python") and len(words) > 1:
+        words = words[1:]
+    if words and "/" in words[0] and not words[0].startswith(("-", "/")):
+        return posixpath.normpath(words[0])
     return None
+
+
+def is_test_file(path: str) -> bool:
+    """A test module by its name or place (a doctest id names a module of the code instead)."""
+    name = posixpath.basename(path)
+    parts = _parts(posixpath.dirname(path))
+    looks = name.startswith("test") or name.endswith(("_test.py", "_tests.py", "tests.py"))
+    return looks or any(_TEST_WORDS.search(p) for p in parts)
 
 
 def refusals(task: Task, files: Iterable[PatchedFile], base_paths: set[str]) -> list[str]:
     """Each rule `files` (what a patch changes) breaks for `task`, as "path: ..." reasons.
     `base_paths`: every path (files and directories) of the checkout before the patch."""
     protected = {*files_in_patch(task.test_patch), *task.test_files}
-    protected |= files_of_tests([*task.fail_to_pass, *task.pass_to_pass])
+    protected |= {
+        f for f in files_of_tests([*task.fail_to_pass, *task.pass_to_pass]) if is_test_file(f)
+    }
     dirs = test_dirs(task)
     runner = runner_script(task)
     out: list[str] = []
@@ -124,6 +148,8 @@ def refusals(task: Task, files: Iterable[PatchedFile], base_paths: set[str]) -> 
                 why = f"{path!r} belongs to the hidden tests"
             if why is None and (norm == runner or _RUNNER_FILES.search(norm)):
                 why = f"{path!r} is the repository's test runner"
+            if why is None:
+                why = _test_support(norm)
             if why is None:
                 parts = _parts(norm)
                 for i, part in enumerate(parts):
@@ -160,12 +186,20 @@ def runner_sections(path: str, text: str | None) -> dict[str, object]:
         if not isinstance(tool, dict):
             return {"<unreadable>": text}
         return {k: v for k, v in tool.items() if k in ("pytest", "coverage", "nose", "nose2")}
-    parser = configparser.RawConfigParser(strict=False, interpolation=None)
-    try:
-        parser.read_string(text)
-    except configparser.Error:
-        return {"<unreadable>": text}
-    return {s: dict(parser.items(s)) for s in parser.sections() if _INI_SECTIONS.match(s)}
+    # Sections as pytest's own reader (iniconfig) splits them: a header is a line that starts
+    # with "[", named up to its first "]" (configparser reads `[pytest] ; ]` otherwise).
+    tox = path.endswith("tox.ini")
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("["):
+            name = line[1:].split("]", 1)[0].strip()
+            keep = _INI_SECTIONS.match(name) or (tox and _TOX_SECTIONS.match(name))
+            current = sections.setdefault(name, []) if keep else None
+        elif current is not None and line and not line.startswith(("#", ";")):
+            current.append(line)
+    return dict(sections)
 
 
 def config_refusal(path: str, before: str | None, after: str | None) -> str | None:

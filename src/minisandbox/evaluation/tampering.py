@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from minisandbox.evaluation.patch_rules import is_test_file
 from minisandbox.tasks.specs import Task, files_in_patch
 
 RESULTS_PATH = "/tmp/.minisandbox-grader/results.jsonl"
@@ -39,8 +40,30 @@ def runs_sympy(task: Task) -> bool:
     return task.log_parser == "sympy" and "bin/test" in task.test_cmd
 
 
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "token": (str,),
+    "id": (str,),
+    "replaced": (list,),
+    "replaced_before": (list,),
+    "exitstatus": (int,),
+    "file": (str, type(None)),
+    "blob": (str, type(None)),
+    "inifile": (str, type(None)),
+    "ini_blob": (str, type(None)),
+}
+
+
+def _well_formed(record: dict[str, Any]) -> bool:
+    for key, types in _FIELD_TYPES.items():
+        if key in record and not isinstance(record[key], types):
+            return False
+    lists = [record.get("replaced") or [], record.get("replaced_before") or []]
+    return all(isinstance(x, str) for xs in lists for x in xs)
+
+
 def parse_records(text: str) -> tuple[list[dict[str, Any]], int]:
-    """The plugin's JSON lines, and how many lines were not one of its records."""
+    """The plugin's JSON lines, and how many lines were not one of its records (the sandbox
+    can write that file: a line of the wrong shape is counted, never trusted)."""
     records, bad = [], 0
     for line in text.splitlines():
         if not line.strip():
@@ -50,7 +73,7 @@ def parse_records(text: str) -> tuple[list[dict[str, Any]], int]:
         except ValueError:
             bad += 1
             continue
-        if isinstance(record, dict) and isinstance(record.get("e"), str):
+        if isinstance(record, dict) and isinstance(record.get("e"), str) and _well_formed(record):
             records.append(record)
         else:
             bad += 1
@@ -71,6 +94,15 @@ def _runner_own(rel: str) -> bool:
         or parts[-1] in ("pytest.py", "__main__.py")
         or "pytest" in parts[:-1]
     )
+
+
+def _trusted_xfail(phase: dict[str, Any]) -> bool:
+    """An expected failure the tests declared: a marker, or pytest.xfail() / unittest's
+    expectedFailure raised by the tests or the runner, not by the code under test."""
+    if phase.get("xfail_marked") or phase.get("xfail_in_test"):
+        return True
+    raiser = _rel(phase.get("xfail_from"))
+    return raiser is None or _runner_own(raiser) or is_test_file(raiser)
 
 
 class _Tests:
@@ -96,7 +128,7 @@ class _Tests:
             kind = p.get("kind")
             if kind is None:
                 continue
-            if p.get("wasxfail") and (p.get("xfail_marked") or p.get("xfail_in_test", False)):
+            if p.get("wasxfail") and _trusted_xfail(p):
                 xfailed = True
                 continue
             if kind == "skip":
@@ -114,12 +146,14 @@ def check_pytest_run(
     base_blobs: dict[str, str],
     patched: set[str] | frozenset[str] = frozenset(),
     parse: Callable[[str], dict[str, str]] | None = None,
+    test_blobs: dict[str, str | None] | None = None,
 ) -> list[str]:
     """Every way the plugin's record (`text`, None when there is none) disagrees with the log's
     parsed results, the exit status, or the base commit (`base_blobs`: path → git blob id of
     each file of the checkout before the patch; `patched`: the paths the patch changed, whose
     runner sections were compared already; `parse`: the task's log parser, which names the
-    plugin's tests as it names the log's). Empty when the run is what it looks like."""
+    plugin's tests as it names the log's; `test_blobs`: the blob ids of the files the test
+    patch writes, as it writes them). Empty when the run is what it looks like."""
     if not log_results and test_exit_code not in (0, 1):
         return []  # nothing ran to speak of: unresolved already, and no claim to check
     records, bad = parse_records(text or "")
@@ -127,9 +161,11 @@ def check_pytest_run(
     if not starts:
         return ["runtime: the grader's pytest plugin did not run (pytest started without it)"]
     out = _run_problems(records, starts, bad, test_exit_code)
-    # The eval script applies the test patch: its files are the dataset's, not the base's.
+    # The eval script resets the test files and applies the test patch: those files must be
+    # what that makes of them (`test_blobs`; a file the test patch deletes is absent).
     from_tests = set(files_in_patch(task.test_patch))
-    out += _config_problems(records, starts[0], base_blobs, patched, from_tests)
+    tests_state = {f: base_blobs.get(f) for f in task.test_files} | dict(test_blobs or {})
+    out += _config_problems(records, starts[0], base_blobs, patched, tests_state)
     files = {*base_blobs, *from_tests}
     out += _test_problems(task, _Tests(records), log_results, parse, files)
     return list(dict.fromkeys(out))
@@ -152,7 +188,9 @@ def _run_problems(
     if not ends:
         return [*out, "runtime: pytest never finished its session (the process exited early)"]
     status = ends[-1].get("exitstatus")
-    if test_exit_code is not None and (status == 0) != (test_exit_code == 0):
+    # Only this way round: a command that fails after pytest passed (coverage's fail-under)
+    # claims nothing; one that succeeds over a failed session was made to.
+    if test_exit_code == 0 and status != 0:
         out.append(
             f"runtime: pytest's session ended with status {status} but the test command "
             f"exited {test_exit_code}"
@@ -169,10 +207,10 @@ def _config_problems(
     start: dict[str, Any],
     base_blobs: dict[str, str],
     patched: set[str] | frozenset[str],
-    from_tests: set[str],
+    tests_state: dict[str, str | None],
 ) -> list[str]:
-    """The ini file and every plugin from the checkout must be the base commit's (or the test
-    patch's)."""
+    """The ini file, every plugin and hook from the checkout and every test module must be the
+    base commit's (the test files: as the test patch makes them)."""
     out = []
     ini = _rel(start.get("inifile"))
     # A setup.cfg / tox.ini / pyproject.toml the patch changed had its runner sections compared
@@ -181,13 +219,26 @@ def _config_problems(
     if ini is not None and not compared and base_blobs.get(ini) != start.get("ini_blob"):
         out.append(f"runtime: pytest read a configuration the base commit does not have ({ini})")
     for r in records:
-        if r["e"] != "plugin":
+        if r["e"] == "hookimpl" and r.get("generated"):
+            out.append(f"runtime: a hook of {r.get('hook')} has no source file ({r.get('file')})")
+            continue
+        if r["e"] not in ("plugin", "hookimpl", "module"):
             continue
         rel = _rel(r.get("file"))
-        if rel is None or _runner_own(rel) or rel in from_tests:
+        if rel is None or _runner_own(rel):
             continue
-        if base_blobs.get(rel) != r.get("blob"):
-            out.append(f"runtime: pytest loaded a plugin the base commit does not have ({rel})")
+        if rel in tests_state:
+            expected = tests_state[rel]
+        elif r["e"] == "module":
+            continue  # a module beside the tests: the code under test's, the patch's to change
+        else:
+            expected = base_blobs.get(rel)
+        if expected != r.get("blob"):
+            what = {"plugin": "a plugin", "hookimpl": "a hook", "module": "a test module"}
+            out.append(
+                f"runtime: pytest loaded {what[r['e']]} that is not the base commit's or the "
+                f"test patch's ({rel})"
+            )
     return out
 
 
@@ -295,7 +346,8 @@ def check_sympy_run(
         kinds = verdicts.get(name)
         if not kinds and name not in seen:
             out.append(f"runtime: the log says {name} passed, but sympy's runner never ran it")
-        elif (kinds and kinds != {"pass"}) or seen.get(name, "PASSED") not in _LOG_PASSED:
+        # sympy names a test by its function: one of another file may share it (and fail).
+        elif (kinds and "pass" not in kinds) or seen.get(name, "PASSED") not in _LOG_PASSED:
             out.append(
                 f"runtime: the log says {name} passed, but sympy's runner saw "
                 f"{', '.join(sorted(kinds or {'a failure'}))}"

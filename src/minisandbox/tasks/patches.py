@@ -131,10 +131,27 @@ def unquote_path(name: str) -> str:
 
 
 def _side(name: str, prefix: str) -> str | None:
+    """A header's path without its first component, as `git apply -p1` strips it (`a/`, `b/`,
+    or a mnemonic prefix: `i/`, `w/`, `c/`, `o/`)."""
     path = unquote_path(name.strip())
     if path == "/dev/null":
         return None
-    return path[len(prefix) :] if path.startswith(prefix) else path
+    head, sep, rest = path.partition("/")
+    return rest if sep and len(head) == 1 and rest else path
+
+
+def _git_names(line: str) -> tuple[str | None, str | None] | None:
+    """The two names of a `diff --git` line; unquoted names with spaces are split where the
+    two halves name the same path, as git does."""
+    if m := _GIT_HEADER.match(line):
+        return _side(m[1], "a/"), _side(m[2], "b/")
+    rest = line[len("diff --git ") :]
+    for i in range(len(rest)):
+        if rest[i] == " " and len(rest[:i]) > 2 and rest[:i][1] == "/":
+            old, new = rest[:i], rest[i + 1 :]
+            if len(new) > 2 and new[1] == "/" and old[2:] == new[2:]:
+                return _side(old, "a/"), _side(new, "b/")
+    return None
 
 
 # long: one pass over the lines, each kind of header line a branch
@@ -166,8 +183,8 @@ def patched_files(patch: str) -> list[PatchedFile]:
             continue
         if line.startswith("diff --git "):
             flush()
-            if m := _GIT_HEADER.match(line):
-                cur["old"], cur["path"] = _side(m[1], "a/"), _side(m[2], "b/")
+            if names := _git_names(line):
+                cur["old"], cur["path"] = names
         elif m := _FILE_HUNK.match(line):
             left = int(m[1]) if m[1] is not None else 1
             right = int(m[2]) if m[2] is not None else 1

@@ -153,11 +153,13 @@ def _unlike_source(obj):
 
 
 _KEYS = {}
+_CODES = {}
 _BEFORE = []
 for _name in _KEY_NAMES:
     _owner, _obj = _lookup(_name)
     if _obj is not None:
         _KEYS[_name] = _obj
+        _CODES[_name] = _code_of(_obj)
         _why = _unlike_source(_obj)
         if _why:
             _BEFORE.append(f"{_name}: {_why}")
@@ -196,10 +198,27 @@ def _plugin_record(plugin, name):
     path = _file_of(plugin)
     if path and path.endswith((".pyc", ".pyo")):
         path = path[:-1]
+    if path:
+        path = os.path.abspath(path)
     record = {"e": "plugin", "name": str(name), "file": path}
-    if path and os.path.abspath(path).startswith("/testbed/"):
+    if path and path.startswith("/testbed/"):
         record["blob"] = _blob(path)
     return record
+
+
+_modules_seen = set()
+
+
+def pytest_itemcollected(item):
+    """Each test module's content as pytest collected it (a file rewritten between the eval
+    script's reset and its collection is not the test patch's)."""
+    if _config is None or getattr(item, "config", None) is not _config:
+        return
+    path = os.path.abspath(str(getattr(item, "fspath", "")))
+    if path in _modules_seen or not path.startswith("/testbed/"):
+        return
+    _modules_seen.add(path)
+    _write({"e": "module", "file": path, "blob": _blob(path)})
 
 
 def pytest_configure(config):
@@ -236,6 +255,18 @@ def _xfail_marked(item):
     if iter_markers is not None:
         return any(True for _ in iter_markers(name="xfail"))
     return getattr(item, "get_marker", lambda name: None)("xfail") is not None
+
+
+def _raiser(excinfo):
+    """The file of the frame that raised, below pytest's own outcome helpers."""
+    tb = getattr(excinfo, "tb", None)
+    last = None
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not filename.endswith(os.sep + "outcomes.py"):
+            last = os.path.abspath(filename)
+        tb = tb.tb_next
+    return last
 
 
 def _raised_in(excinfo, path):
@@ -286,8 +317,9 @@ def _makereport(item, call):
         "wasxfail": report is not None and hasattr(report, "wasxfail"),
         "xfail_marked": _xfail_marked(item),
     }
-    if kind == "xfail":
+    if kind == "xfail" or (excinfo is not None and record["wasxfail"]):
         record["xfail_in_test"] = _raised_in(excinfo, str(getattr(item, "fspath", "")))
+        record["xfail_from"] = _raiser(excinfo)
     _write(record)
 
 
@@ -298,9 +330,34 @@ def _sessionfinish(session, exitstatus):
     replaced = []
     for name, obj in _KEYS.items():
         _owner, now = _lookup(name)
-        if now is not obj:
+        if now is not obj or _code_of(now) is not _CODES[name]:  # or its __code__ swapped
             replaced.append(name)
+    _hookimpls(session.config.pluginmanager)
     _write({"e": "end", "exitstatus": int(exitstatus), "replaced": replaced})
+
+
+def _hookimpls(manager):
+    """Where every hook implementation's code comes from: a hook slipped into a plugin's
+    namespace (an unchanged conftest's globals) is seen by its code, not by its plugin."""
+    seen = set()
+    for hook_name in sorted(vars(manager.hook)):
+        caller = getattr(manager.hook, hook_name, None)
+        get = getattr(caller, "get_hookimpls", None)
+        if get is None:
+            continue
+        for impl in get():
+            code = _code_of(getattr(impl, "function", None))
+            if code is None or code.co_filename in seen:
+                continue
+            seen.add(code.co_filename)
+            path = code.co_filename
+            record = {"e": "hookimpl", "hook": hook_name, "file": path}
+            if path.startswith("<") and not path.startswith("<attrs generated "):
+                record["generated"] = True
+            elif os.path.abspath(path).startswith("/testbed/"):
+                record["file"] = os.path.abspath(path)
+                record["blob"] = _blob(path)
+            _write(record)
 
 
 import pytest  # noqa: E402 (pytest is importing us: it is there)
