@@ -30,7 +30,9 @@ from minisandbox.tasks.specs import Task, files_in_patch
 from minisandbox.utils.hashing import content_digest
 
 # Bump when what a verdict means changes (the evaluator's procedure or the checks below).
-_FORMAT = 3  # 2: the history check; 3: keyed by the one canonical digest (utils.hashing)
+# 2: the history check; 3: keyed by the one canonical digest (utils.hashing); 4: the guarded
+# grading (evaluation.guard): a verdict of the unguarded one is made again
+_FORMAT = 4
 META_KEY = "validations"
 
 
