@@ -165,7 +165,8 @@ def check_pytest_run(
     # what that makes of them (`test_blobs`; a file the test patch deletes is absent).
     from_tests = set(files_in_patch(task.test_patch))
     tests_state = {f: base_blobs.get(f) for f in task.test_files} | dict(test_blobs or {})
-    out += _config_problems(records, starts[0], base_blobs, patched, tests_state)
+    config = next((r for r in records if r["e"] == "config"), {})
+    out += _config_problems(records, config, base_blobs, patched, tests_state)
     files = {*base_blobs, *from_tests}
     out += _test_problems(task, _Tests(records), log_results, parse, files)
     return list(dict.fromkeys(out))
@@ -204,7 +205,7 @@ def _run_problems(
 
 def _config_problems(
     records: list[dict[str, Any]],
-    start: dict[str, Any],
+    config: dict[str, Any],
     base_blobs: dict[str, str],
     patched: set[str] | frozenset[str],
     tests_state: dict[str, str | None],
@@ -212,11 +213,11 @@ def _config_problems(
     """The ini file, every plugin and hook from the checkout and every test module must be the
     base commit's (the test files: as the test patch makes them)."""
     out = []
-    ini = _rel(start.get("inifile"))
+    ini = _rel(config.get("inifile"))
     # A setup.cfg / tox.ini / pyproject.toml the patch changed had its runner sections compared
     # (patch_rules.config_refusal); any other change since the base commit was not the patch's.
     compared = ini in patched and posixpath.basename(ini or "") in _MIXED
-    if ini is not None and not compared and base_blobs.get(ini) != start.get("ini_blob"):
+    if ini is not None and not compared and base_blobs.get(ini) != config.get("ini_blob"):
         out.append(f"runtime: pytest read a configuration the base commit does not have ({ini})")
     for r in records:
         if r["e"] == "hookimpl" and r.get("generated"):

@@ -226,20 +226,9 @@ def pytest_configure(config):
     if _config is not None:
         return  # an in-process run of pytest inside the tests (pytester): not ours
     _config = config
-    _open()
     inifile = getattr(config, "inipath", None) or getattr(config, "inifile", None)
     inifile = str(inifile) if inifile else None
-    version = getattr(sys.modules.get("pytest"), "__version__", "")
-    _write(
-        {
-            "e": "start",
-            "pid": os.getpid(),
-            "pytest": version,
-            "inifile": inifile,
-            "ini_blob": _blob(inifile) if inifile else None,
-            "replaced_before": _BEFORE,
-        }
-    )
+    _write({"e": "config", "inifile": inifile, "ini_blob": _blob(inifile) if inifile else None})
     for name, plugin in config.pluginmanager.list_name_plugin():
         if plugin is not None:
             _write(_plugin_record(plugin, name))
@@ -361,6 +350,18 @@ def _hookimpls(manager):
 
 
 import pytest  # noqa: E402 (pytest is importing us: it is there)
+
+# The start is written now, as pytest imports us (before any conftest): a process that ends
+# while the conftests or the code they import load has started and never ended.
+_open()
+_write(
+    {
+        "e": "start",
+        "pid": os.getpid(),
+        "pytest": getattr(pytest, "__version__", ""),
+        "replaced_before": _BEFORE,
+    }
+)
 
 # Outermost among the wrappers registered before the tests: what is recorded is what came out
 # of every implementation and every conftest's wrapper.
