@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from conftest import CLI, run_cli
 
 
@@ -101,8 +103,10 @@ def test_interactive_shell_on_a_terminal() -> None:
             pass
 
 
+@pytest.mark.timeout(960)
 def test_demo_runs() -> None:
-    r = run_cli("demo", "--sandboxes", "2")
+    # It builds (when the store lacks them) and grades the examples: minutes on a busy machine.
+    r = run_cli("demo", "--sandboxes", "2", timeout=900)
     assert r.returncode == 0, r.stderr
     assert b"blocked" in r.stdout and b"/tmp 1" in r.stdout
 
