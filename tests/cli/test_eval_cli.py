@@ -81,8 +81,15 @@ def _check_instance_report(out: Path, iid: str, resolved: bool) -> None:
         "patch_successfully_applied",
         "resolved",
         "tests_status",
+        # ours, beside swebench's
+        "reward",
+        "swebench_resolved",
+        "grading",
+        "tampering",
     }
     assert entry["resolved"] is resolved and entry["patch_successfully_applied"] is True
+    assert entry["grading"] == "guarded" and entry["tampering"] == []
+    assert entry["reward"] == (1.0 if resolved else 0.0)
     assert set(entry["tests_status"]) == {
         "FAIL_TO_PASS",
         "PASS_TO_PASS",
@@ -102,6 +109,8 @@ def test_eval_gold_resolves_every_example(settings, built, tmp_path: Path) -> No
     assert summary["total"] == 3 and summary["resolved_ids"] == EXAMPLES, summary
     assert summary["unresolved_ids"] == summary["error_ids"] == summary["empty_patch_ids"] == []
     assert summary["rewards"] == dict.fromkeys(EXAMPLES, 1.0)
+    assert summary["grading"] == "guarded" and summary["tampered"] == 0
+    assert summary["swebench_resolved"] == 3 and summary["swebench_resolved_ids"] == EXAMPLES
     run_dir = settings.logs / "run_evaluation" / "minisandbox"
     assert summary["logs"] == str(run_dir)
     assert summary["report"] == str(run_dir / "gold.minisandbox.json")
@@ -198,6 +207,18 @@ def test_eval_rejects_malformed_predictions(tmp_path: Path, content: str, expect
         [*CLI, "eval", "examples", "-p", str(file)], capture_output=True, text=True, check=False
     )
     assert r.returncode == 2 and f"{file}" in r.stderr and expected in r.stderr, r.stderr
+
+
+def test_eval_rejects_an_unknown_grading(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [*CLI, "eval", "examples", "-p", "gold", "--grading", "lenient"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 2 and "--grading 'lenient'" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_build_validate_and_require_validated(settings, built, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
