@@ -272,7 +272,9 @@ async def attack_eval_status_file_to_dev_zero(ctx: AttackContext) -> None:
     )
     result = await builder.build(task)
     assert result.status in ("built", "cached"), f"the example did not build: {result.error}"
-    evaluator = Evaluator(builder, timeout=120)
+    # The harness's grading: the guarded one refuses the conftest.py before reading anything
+    # (its own results file is read the same bounded way); this attack is on the status reader.
+    evaluator = Evaluator(builder, timeout=120, grading="harness")
     # Positive control, outside the watch (a first evaluation also builds its own layers and
     # imports the graders: ~150 MiB): the gold patch alone, its status file read as usual.
     control = await evaluator.evaluate(task, task.gold_patch)
