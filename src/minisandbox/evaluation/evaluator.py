@@ -339,7 +339,8 @@ class Evaluator:
                 result.tampering += await guard.check_configs(sb, patch)
         grader_env = {}
         if base is not None and runs_pytest(task):
-            grader_env = await guard.install_plugin(sb, base)
+            tox = "tox" in task.test_cmd.split()
+            grader_env = await guard.install_plugin(sb, base, tox=tox)
         elif base is not None and runs_sympy(task):
             grader_env = await guard.install_sympy_hook(sb, base)
         await self._run_tests(sb, task, result, grader_env)

@@ -194,14 +194,33 @@ async def check_configs(sb: CommandRunner, patch: str) -> list[str]:
     return out
 
 
-async def install_plugin(sb: CommandRunner, base: BaseState) -> dict[str, str]:
+TOX_MARKER = "/tmp/.minisandbox-grader/tox"
+_TOX_PTH = (
+    "import os; p = os.environ.get('PYTEST_PLUGINS', ''); "
+    f"os.path.exists({TOX_MARKER!r}) and '{PLUGIN_MODULE}' not in p.split(',') and "
+    f"os.environ.__setitem__('PYTEST_PLUGINS', ','.join(filter(None, [p, '{PLUGIN_MODULE}'])))\n"
+)
+
+
+async def install_plugin(
+    sb: CommandRunner, base: BaseState, *, tox: bool = False
+) -> dict[str, str]:
     """The grader's plugin in site-packages, it and the runner's packages read-only; the
     environment that makes pytest load it first. Empty when there is no site-packages."""
     if not base.purelib:
         return {}
     target = posixpath.join(base.purelib, f"{PLUGIN_MODULE}.py")
     await sb.write_file(target, _helper(f"{PLUGIN_MODULE}.py"))
-    await read_only(sb, [target, *base.runner_paths])
+    paths = [target, *base.runner_paths]
+    if tox:
+        # tox may set PYTEST_ADDOPTS itself (older sphinx: `setenv = PYTEST_ADDOPTS = --color
+        # yes`) and passes few variables on: a .pth names the plugin in PYTEST_PLUGINS in the
+        # interpreter tox starts, while the marker is there (absent: no plugin, tampering).
+        pth = posixpath.join(base.purelib, "minisandbox-grader-tox.pth")
+        await sb.write_file(TOX_MARKER, "")
+        await sb.write_file(pth, _TOX_PTH)
+        paths.append(pth)
+    await read_only(sb, paths)
     return {"PYTEST_ADDOPTS": PLUGIN_ADDOPT}
 
 
