@@ -120,6 +120,7 @@ async def grade_all(builder: Builder, tasks: list[Task], jobs: int, timeout: flo
     evaluator = Evaluator(builder, timeout=timeout)
     gate = asyncio.Semaphore(jobs)
     unresolved: dict[str, str] = {}
+    tampered: dict[str, list[str]] = {}  # a guard that fired on a gold or an empty patch
 
     async def one(task: Task) -> tuple[bool, bool]:
         async with gate:
@@ -128,6 +129,9 @@ async def grade_all(builder: Builder, tasks: list[Task], jobs: int, timeout: flo
         if not gold.resolved:
             unresolved[task.id] = gold.reason or gold.status
             _common.log(f"{task.id}: gold unresolved: {gold.reason}")
+        for kind, result in (("gold", gold), ("empty", empty)):
+            if result.tampering:
+                tampered[f"{task.id} {kind}"] = result.tampering
         return gold.resolved, empty.resolved
 
     results = await asyncio.gather(*(one(t) for t in tasks))
@@ -137,6 +141,8 @@ async def grade_all(builder: Builder, tasks: list[Task], jobs: int, timeout: flo
         "gold_rate": round(gold / len(tasks), 4),
         "empty_resolved": sum(e for _, e in results),
         "gold_unresolved": unresolved,
+        "grading": evaluator.grading,
+        "tampered": tampered,
     }
 
 
