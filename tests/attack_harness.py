@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -133,7 +134,9 @@ class UidRunner:
         venv = self.base / "venv"
         subprocess.run([uv, "venv", "-q", "-p", python, str(venv)], check=True, timeout=120)
         install = [uv, "pip", "install", "-q", "--python", str(venv / "bin/python")]
-        install += ["-e", str(self.repo)]
+        # With Ray when we have it: the node agent's attacks need minisandbox.cluster.
+        extra = "[ray]" if importlib.util.find_spec("ray") is not None else ""
+        install += ["-e", f"{self.repo}{extra}"]
         # Offline first: the uv cache usually has everything; only then ask the index.
         if subprocess.run([*install, "--offline"], capture_output=True, timeout=300).returncode:
             r = subprocess.run(install, capture_output=True, text=True, timeout=300)

@@ -68,6 +68,10 @@ class AttackContext(BaseModel):
     tcp_port: int  # a TCP server on the host's 127.0.0.1 that greets with server_banner
     abstract_socket: str  # a host abstract unix socket (name without the leading NUL), same
     server_banner: str
+    # A unix socket served by a process of another host user (root runs only): send one JSON
+    # line {"op": "append" | "create" | "mkdir", "path": ...}, get {"ok": bool, "error": str}.
+    other_user_socket: str | None = None
+    other_user_uid: int | None = None
 
     @property
     def pyproject(self) -> str:
@@ -414,7 +418,8 @@ async def attack_plant_symlinks_in_channel_dir(ctx: AttackContext) -> None:
     """The host creates FIFOs and files in /run/minisandbox: a process inside that swaps
     symlinks (to host files) in for them, as fast as it can, must get nowhere. The directory is
     read-only inside, so every swap fails and every request keeps working. (Names are random
-    per request, so a racing swapper is the strongest form of this attack.)"""
+    per request, and the directory cannot be listed inside: the swapper learns them from the
+    descriptors of running commands, as fast as it can.)"""
     created = Path(ctx.scratch_dir) / f"created-by-sandbox-{secrets.token_hex(4)}"
     src = scratch_subdir(ctx, "upload-")
     (src / "f.txt").write_text("f\n")
@@ -424,7 +429,9 @@ async def attack_plant_symlinks_in_channel_dir(ctx: AttackContext) -> None:
             cd /run/minisandbox || exit 1
             seen=0 swapped=0
             while :; do
-                for name in *; do
+                # The directory cannot be listed: names come from what commands hold open.
+                for name in * $(readlink /proc/[0-9]*/fd/* 2>/dev/null | sed -n \
+                        's,^/run/minisandbox/,,p' | sort -u); do
                     [ -e "$name" ] && [ ! -L "$name" ] || continue
                     seen=$((seen + 1))
                     target=$([ $((seen % 2)) = 0 ] && echo "$T1" || echo "$T2")
@@ -1157,3 +1164,4 @@ import attacks_cli  # noqa: E402, F401
 import attacks_files  # noqa: E402, F401
 import attacks_limits  # noqa: E402, F401
 import attacks_sessions  # noqa: E402, F401
+import attacks_tenants  # noqa: E402, F401

@@ -29,6 +29,7 @@ from attack_harness import (
     UNPRIVILEGED_UID,
     RunnerUnavailable,
     UidRunner,
+    find_python,
     run_in_process,
 )
 from attacks import ATTACKS, AttackContext, host_cmdline
@@ -78,6 +79,71 @@ def host_servers() -> Iterator[HostServers]:
     servers = HostServers()
     yield servers
     servers.close()
+
+
+# The other host user's agent: does to a path what the attack asks, as that user.
+_OTHER_USER_AGENT = r"""
+import json, os, socket, sys
+server = socket.socket(socket.AF_UNIX)
+server.bind(sys.argv[1])
+os.chmod(sys.argv[1], 0o777)
+server.listen()
+print("ready", flush=True)
+while True:
+    conn, _ = server.accept()
+    with conn:
+        ask = json.loads(conn.makefile().readline())
+        try:
+            if ask["op"] == "append":
+                with open(ask["path"], "a") as f:
+                    f.write("tampered by another user\n")
+            elif ask["op"] == "mkdir":
+                os.mkdir(ask["path"])
+                os.chmod(ask["path"], 0o777)
+            else:
+                os.close(os.open(ask["path"], os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            answer = {"ok": True, "error": ""}
+        except OSError as e:
+            answer = {"ok": False, "error": f"{type(e).__name__}: {e.strerror}"}
+        conn.sendall((json.dumps(answer) + "\n").encode())
+"""
+OTHER_UID = UNPRIVILEGED_UID + 1
+
+
+def _as_other_user() -> list[str]:
+    return ["setpriv", f"--reuid={OTHER_UID}", f"--regid={OTHER_UID}", "--clear-groups", "--"]
+
+
+@pytest.fixture(scope="session")
+def other_user() -> Iterator[tuple[str, int] | None]:
+    """A process of a second host user (OTHER_UID), serving `_OTHER_USER_AGENT` on a socket
+    every caller can reach: (socket path, uid), or None when we cannot switch users."""
+    if not IS_ROOT:
+        yield None
+        return
+    try:
+        python = find_python(OTHER_UID)
+    except RunnerUnavailable:
+        yield None
+        return
+    base = Path(tempfile.mkdtemp(prefix="msb-other-user-"))
+    os.chmod(base, 0o755)
+    os.chown(base, OTHER_UID, OTHER_UID)
+    path = str(base / "agent.sock")
+    proc = subprocess.Popen(
+        [*_as_other_user(), python, "-I", "-c", _OTHER_USER_AGENT, path],
+        env={"PATH": HOST_PATH},
+        cwd="/",
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n", "no agent"
+        yield path, OTHER_UID
+    finally:
+        proc.kill()
+        proc.wait()
+        remove_tree(base)
 
 
 @pytest.fixture(scope="session")
@@ -153,7 +219,10 @@ def _spawn_secret_process(uid: int | None, marker: str, secret: str) -> subproce
 
 @pytest.fixture(scope="session")
 def contexts(
-    host_servers: HostServers, env_secret: str, uid_runner: Callable[[], UidRunner]
+    host_servers: HostServers,
+    env_secret: str,
+    uid_runner: Callable[[], UidRunner],
+    other_user: tuple[str, int] | None,
 ) -> Iterator[Callable[[str], AttackContext]]:
     """Builds, once per caller, the host-side facts of its attacks; removes them at the end."""
     built: dict[str, AttackContext] = {}
@@ -213,6 +282,8 @@ def contexts(
             tcp_port=host_servers.port,
             abstract_socket=host_servers.abstract,
             server_banner=host_servers.banner,
+            other_user_socket=other_user[0] if other_user else None,
+            other_user_uid=other_user[1] if other_user else None,
         )
         return built[caller]
 

@@ -42,6 +42,13 @@ def test_what_the_driver_makes_is_accepted_with_set_id_bits_dropped() -> None:
         [member("up/l", tarfile.SYMTYPE, "/etc"), member("up/l/passwd")],
         [member("up/h", tarfile.LNKTYPE, "/etc/shadow")],
         [member("up/h", tarfile.LNKTYPE, "up/../../etc/shadow")],
+        # A name twice: the second member would be written through the first, a symlink.
+        [member("up/x", tarfile.SYMTYPE, "/etc/passwd"), member("up/x")],
+        [member("up/x", tarfile.SYMTYPE, "/etc"), member("up/./x", tarfile.DIRTYPE)],
+        # A hard link through a symlink of the archive, or to what is not an earlier file.
+        [member("up/l", tarfile.SYMTYPE, "/etc"), member("up/h", tarfile.LNKTYPE, "up/l/passwd")],
+        [member("up/h", tarfile.LNKTYPE, "up/later"), member("up/later")],
+        [member("up/d", tarfile.DIRTYPE), member("up/h", tarfile.LNKTYPE, "up/d")],
         [member("up/dev", tarfile.CHRTYPE)],
         [member("up/fifo", tarfile.FIFOTYPE)],
     ],

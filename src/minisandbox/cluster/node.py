@@ -42,21 +42,33 @@ from minisandbox.utils.aio import settle
 
 
 def _checked(members: list[tarfile.TarInfo], name: str) -> list[tarfile.TarInfo]:
-    """The members of an upload, refused unless all are under `name`, none through a link of
-    the archive, no hard link leaves it, and none is a device; set-id bits dropped."""
+    """The members of an upload, refused unless all are under `name`, each once, none through
+    a link of the archive, every hard link to a regular file before it, and none a device;
+    set-id bits dropped. (A name given twice would let its second member be written through
+    its first, a symlink; a hard link through an archive symlink would reach a host file.)"""
     links: set[str] = set()
+    seen: set[str] = set()
+    files: set[str] = set()
     for m in members:
         parts = Path(m.name).parts
         if m.name.startswith("/") or ".." in parts or not parts or parts[0] != name:
             raise SandboxFileError(f"upload: {m.name!r} is outside {name!r}")
+        normal = str(Path(*parts))
+        if normal in seen:
+            raise SandboxFileError(f"upload: {m.name!r} appears twice")
+        seen.add(normal)
         if any(str(Path(*parts[:i])) in links for i in range(1, len(parts))):
             raise SandboxFileError(f"upload: {m.name!r} goes through a link")
-        if m.islnk() and (m.linkname.startswith("/") or ".." in Path(m.linkname).parts):
-            raise SandboxFileError(f"upload: the hard link {m.name!r} leaves the upload")
+        if m.islnk() and str(Path(m.linkname)) not in files:
+            raise SandboxFileError(
+                f"upload: the hard link {m.name!r} is not to a file of the upload before it"
+            )
         if not (m.isfile() or m.isdir() or m.issym() or m.islnk()):
             raise SandboxFileError(f"upload: {m.name!r} is not a file, directory or link")
         if m.issym() or m.islnk():
-            links.add(m.name)
+            links.add(normal)
+        elif m.isfile():
+            files.add(normal)
         m.mode &= 0o777
     return members
 

@@ -8,6 +8,7 @@ never by the text of the message. Some also derive from the builtin a caller wou
 from __future__ import annotations
 
 import errno
+import os
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,20 @@ class IOBudgetStateError(MiniSandboxError):
 
 class MetaLockHeldError(LayerStoreError):
     """A thread asked again for a layer's metadata lock it holds (it would wait forever)."""
+
+
+class CacheOwnerError(MiniSandboxError, PermissionError):
+    """A node cache (or a directory of it) belongs to another user of the host: caches are
+    per user, since the owner of a cache can change what every sandbox started from it runs."""
+
+    def __init__(self, path: str, owner: int) -> None:
+        super().__init__(
+            f"the node cache directory {path} belongs to uid {owner}, not to you (uid "
+            f"{os.geteuid()}): each user needs a cache of their own; name another with --cache "
+            "or MINISANDBOX_CACHE"
+        )
+        self.path = path
+        self.owner = owner
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.owner))

@@ -41,6 +41,7 @@ import fcntl
 import logging
 import os
 import secrets
+import stat
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -49,6 +50,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from minisandbox.layers.budget import IOBudget, LocalIOBudget, pid_alive
+from minisandbox.layers.errors import CacheOwnerError
 from minisandbox.layers.ids import check_layer_id, is_layer_id
 from minisandbox.layers.pool import FilePool
 from minisandbox.layers.store import LayerStore
@@ -124,6 +126,8 @@ class NodeCache:
         self.pool = FilePool(self.root / "pool")
         if os.geteuid() == 0:
             self._make_private(created)
+        else:
+            self._make_own(created)
         self.budget = (
             budget if budget is not None else LocalIOBudget.from_env(self.root / "io-budget")
         )
@@ -167,6 +171,43 @@ class NodeCache:
             os.fchmod(fd, 0o600)
         finally:
             os.close(fd)
+
+    def _make_own(self, created: bool) -> None:
+        """An unprivileged caller's cache is its own: no other user of the host may reach its
+        layers, its pool (whose files are the layers' files), its locks or its accounts. So
+        each directory of it is the caller's, mode 0700, and a cache another user owns is
+        refused: a cache is per user (a shared one would let each user rewrite what the
+        others' sandboxes run). The cache root is made 0700 when this made it; an existing
+        one of ours loses write permission for group and others (they could swap what is in
+        it).
+
+        Raises:
+            CacheOwnerError: the cache, or a directory of it, belongs to another user.
+        """
+        uid = os.geteuid()
+        root = os.path.realpath(self.root)
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != uid:
+                raise CacheOwnerError(root, st.st_uid)
+            if created:
+                os.fchmod(fd, 0o700)
+            elif st.st_mode & 0o022:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
+        finally:
+            os.close(fd)
+        for sub in _PRIVATE:
+            path = os.path.join(root, sub)
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                st = os.fstat(fd)
+                if st.st_uid != uid:
+                    raise CacheOwnerError(path, st.st_uid)
+                if stat.S_IMODE(st.st_mode) != 0o700:
+                    os.fchmod(fd, 0o700)
+            finally:
+                os.close(fd)
 
     # paths and bookkeeping
 

@@ -5,7 +5,9 @@ every write inside it: directories first (mode 0700 until the end), then the fil
 created, filled and given its owner, mode and mtime through one descriptor (O_EXCL: never an
 existing name), then symlinks, last, so that no write can pass through one; directory modes
 are set deepest first at the very end. Paths come from a checked manifest (relative, no "..").
-Set-id bits are never restored.
+Set-id bits are never restored, nor write permission for group or others: a layer's modes
+come from what a build sandbox made, and no other user of the host may write to a layer's
+files (they are hard links of the node's pool: `unpacked_mode`).
 """
 
 from __future__ import annotations
@@ -37,14 +39,21 @@ def create_file(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
 
 
+def unpacked_mode(mode: int) -> int:
+    """The mode a layer's file or directory is given: the layer's, without set-id bits and
+    without write permission for group and others. A hostile install step may chmod 0666 or
+    0777 what it made; on the host, the unpacked file is what every later sandbox of the node
+    sees (and the pool links the same inode)."""
+    return mode & ~(stat.S_ISUID | stat.S_ISGID | stat.S_IWGRP | stat.S_IWOTH)
+
+
 def finish_file(fd: int, entry: ManifestEntry, owner: tuple[int, int] | None) -> None:
-    """Owner, mode and mtime of an unpacked file, by descriptor; then close it. Set-id bits are
-    never restored: a layer may come from what a sandbox wrote, and the node cache is readable
-    by other users of the host."""
+    """Owner, mode (`unpacked_mode`) and mtime of an unpacked file, by descriptor; then close
+    it."""
     try:
         if owner is not None:
             os.fchown(fd, *owner)
-        os.fchmod(fd, entry.mode & ~(stat.S_ISUID | stat.S_ISGID))
+        os.fchmod(fd, unpacked_mode(entry.mode))
         os.utime(fd, (entry.mtime, entry.mtime))
     finally:
         os.close(fd)
@@ -122,7 +131,7 @@ class Unpacker:
         for path, mode in reversed(skeleton.dirs):
             if self.owner is not None:
                 os.chown(path, *self.owner)
-            os.chmod(path, mode)
+            os.chmod(path, unpacked_mode(mode))
 
     def _write_group(self, item: tuple[int, list[ManifestEntry]]) -> None:
         """Write the files whose content is in blob `i` (-1: the empty files)."""
@@ -150,7 +159,7 @@ class Unpacker:
 
         if self.pool is not None:
             for e in files:
-                name = pool_name(sha, e.mode, e.mtime, self.owner)
+                name = pool_name(sha, unpacked_mode(e.mode), e.mtime, self.owner)
                 self.pool.link_into(name, self._dest(e), functools.partial(make, e=e))
             return
         first = files[0]
@@ -184,7 +193,9 @@ class Unpacker:
             if self.pool is None:
                 fill(create_file(self._dest(e)), e)
             else:
-                name = pool_name(f"{sha}.{e.offset}.{e.size}", e.mode, e.mtime, self.owner)
+                name = pool_name(
+                    f"{sha}.{e.offset}.{e.size}", unpacked_mode(e.mode), e.mtime, self.owner
+                )
                 self.pool.link_into(name, self._dest(e), functools.partial(fill, e=e))
 
 

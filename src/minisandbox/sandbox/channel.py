@@ -13,10 +13,18 @@ job's waiter with ControlProtocolError; it is never read as a success. A line th
 waiting job is logged and dropped. When the channel closes (the shell exited, or the host
 stopped reading), every waiter left fails with the reason its owner gives.
 
+Nothing else in the sandbox may read the requests or write replies: the control lines travel
+through two FIFOs of the channel directory that the shell opens as it starts, before any other
+process of the sandbox exists, and whose names the host removes once it is ready; the shell is
+a copy of /bin/sh that the sandbox may execute but not read, which makes it (and its forks) not
+dumpable, so no process in the sandbox can open its descriptors or memory through /proc
+(`control_shell`). bwrap's own processes get /dev/null instead.
+
 Data other than control lines goes through the channel directory (IO_DIR inside): FIFOs for
-output, files for input. It is read-only inside, so the sandbox cannot plant, swap or remove
-anything in it; even so, the host creates and opens them only relative to a descriptor of that
-directory, never following a symlink and never opening an existing file for writing.
+output, files for input. It is read-only inside, and cannot be listed there (mode 0300), so the
+sandbox cannot plant, swap or remove anything in it, nor find another command's FIFO; even so,
+the host creates and opens them only relative to a descriptor of that directory, never
+following a symlink and never opening an existing file for writing.
 
 Every control line is built here, `env_words` being the one quoting of environment variables.
 """
@@ -49,6 +57,11 @@ logger = logging.getLogger(__name__)
 
 _NUMBER = re.compile(r"-?[0-9]+")
 _READY = "R"
+# The control FIFOs in the channel directory, while the shell starts.
+CONTROL_IN = "control.in"
+CONTROL_OUT = "control.out"
+# The control shell's executable in the channel directory (see `control_shell`).
+CONTROL_SHELL = "control-sh"
 
 
 def new_id() -> str:
@@ -88,7 +101,8 @@ class ChannelDir:
     def __init__(self, path: Path, owner: tuple[int, int] | None = None) -> None:
         self.path = path
         self._owner = owner
-        self._fd: int | None = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        # O_PATH: the directory is not readable (not listable inside); *at calls still work.
+        self._fd: int | None = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
     @staticmethod
     def inside(name: str) -> str:
@@ -120,6 +134,36 @@ class ChannelDir:
             os.close(rfd)
             raise SandboxFileError(f"channel file {name} in {self.path} was replaced")
         return rfd
+
+    def control_fifos(self) -> ControlFifos:
+        """Create the control shell's request and reply FIFOs (CONTROL_IN, CONTROL_OUT) and
+        open the host's ends, with a spare end of each so that neither open nor read waits
+        for the shell (`ControlFifos.seal` drops them once it has opened its own).
+
+        Raises:
+            SandboxNotRunningError: the directory is closed.
+        """
+        fd = self._dir_fd()
+        opened: list[int] = []
+        try:
+            for name in (CONTROL_IN, CONTROL_OUT):
+                os.mkfifo(name, 0o600, dir_fd=fd)
+                if self._owner is not None:
+                    os.chown(name, *self._owner, dir_fd=fd, follow_symlinks=False)
+            flags = os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+            for name, mode in (
+                (CONTROL_IN, os.O_RDONLY),  # spare reader: lets the write end open now
+                (CONTROL_IN, os.O_WRONLY),
+                (CONTROL_OUT, os.O_RDONLY),
+                (CONTROL_OUT, os.O_WRONLY),  # spare writer: no end of file before the shell
+            ):
+                opened.append(os.open(name, mode | flags, dir_fd=fd))
+        except BaseException:
+            for f in opened:
+                os.close(f)
+            raise
+        spare_in, request, reply, spare_out = opened
+        return ControlFifos(self, request, reply, [spare_in, spare_out])
 
     def create(self, name: str) -> int:
         """Create the new regular file `name` for writing (never an existing one): its fd.
@@ -157,6 +201,46 @@ class ChannelDir:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+@dataclasses.dataclass
+class ControlFifos:
+    """The host's ends of the control FIFOs: `request` (written), `reply` (read)."""
+
+    files: ChannelDir
+    request: int
+    reply: int
+    spares: list[int]
+    taken: bool = False
+
+    def seal(self) -> None:
+        """Once the shell has opened its ends (it replied): drop the spare ends, so that the
+        reply FIFO ends when the shell does, and remove the names, so that no later process
+        in the sandbox can open either FIFO. Idempotent."""
+        for fd in self.spares:
+            os.close(fd)
+        self.spares = []
+        self.files.unlink(CONTROL_IN, CONTROL_OUT)
+
+    async def streams(self, limit: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The reply and request ends as streams (they take over the descriptors)."""
+        loop = asyncio.get_running_loop()
+        self.taken = True
+        reader = asyncio.StreamReader(limit=limit)
+        await loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(self.reply, "rb", 0)
+        )
+        transport, protocol = await loop.connect_write_pipe(
+            asyncio.streams.FlowControlMixin, os.fdopen(self.request, "wb", 0)
+        )
+        return reader, asyncio.StreamWriter(transport, protocol, None, loop)
+
+    def close(self) -> None:
+        """Close what `streams` did not take over (a start that failed first)."""
+        for fd in [*self.spares, *(() if self.taken else (self.request, self.reply))]:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.spares = []
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,6 +26,10 @@ from minisandbox.sandbox.channel import ChannelDir, ControlChannel, Job, new_id
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
 from minisandbox.utils.aio import settle
 
+# How long a timed-out command's replies are waited for around its kill: its start is reported
+# at once and its status as soon as the kill lands; neither may stretch the timeout much.
+_KILL_SETTLE = 1.0
+
 
 class ExecResult(BaseModel):
     """The outcome of a one-shot command."""
@@ -192,8 +196,10 @@ class CommandExecutor:
             await self._kill(job.started, mark)
             raise
         except asyncio.TimeoutError:
+            started = job.started.done()
             await self._kill(job.started, mark)
-            await settle([job.exited], 5)
+            if started:  # its status comes once the kill lands; a request never taken, never
+                await settle([job.exited], _KILL_SETTLE)
             for fd, sink in sinks.items():
                 _drain_into(fd, sink)
             raise CommandTimeoutError(
@@ -209,7 +215,9 @@ class CommandExecutor:
         descendants, and what left both but still carries its marker (see procs.kill_tree for
         the one gap). Done from the host, which sees the processes that escaped the command's
         session; the control shell's `kill`/`pkill` is the fallback if the host cannot look."""
-        await settle([started], 5)  # the start is reported at once, if at all
+        # The start is reported at once, if at all: a request nobody took (a stopped control
+        # shell) must not stretch the command past its timeout; the marker finds what ran.
+        await settle([started], _KILL_SETTLE)
         ok = started.done() and not started.cancelled() and started.exception() is None
         pid = started.result() if ok else None
         try:

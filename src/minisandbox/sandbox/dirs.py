@@ -23,11 +23,13 @@ from minisandbox.utils.procfs import start_time
 
 
 def make_runtime_dir(path: Path) -> Path:
-    """Create the runtime directory `path` and its channel directory `io` (both mode 700): the
-    channel directory's path."""
+    """Create the runtime directory `path` (mode 700) and its channel directory `io`: the
+    channel directory's path. `io` is mode 300: its owner creates and opens files by name
+    there, but the sandbox (read-only inside) cannot list it to find another command's FIFO."""
     path.mkdir(mode=0o700)
     io = path / "io"
     io.mkdir(mode=0o700)
+    os.chmod(io, 0o300)
     return io
 
 

@@ -25,6 +25,7 @@ import contextlib
 import logging
 import os
 import secrets
+import shutil
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -39,7 +40,7 @@ from minisandbox.errors import (
 from minisandbox.sandbox import dirs, runtime, startup, watchdog
 from minisandbox.sandbox.bwrap import explain_bwrap_failure
 from minisandbox.sandbox.cgroups import SandboxCgroup, delegated_parent
-from minisandbox.sandbox.channel import ChannelDir, ControlChannel
+from minisandbox.sandbox.channel import CONTROL_SHELL, ChannelDir, ControlChannel, ControlFifos
 from minisandbox.sandbox.commands import CommandExecutor, ExecResult
 from minisandbox.sandbox.config import SandboxConfig
 from minisandbox.sandbox.files import READ_MAX_BYTES, FileOperations
@@ -52,6 +53,9 @@ from minisandbox.utils.aio import cancel_and_wait, settle
 __all__ = ["READ_MAX_BYTES", "ExecResult", "Sandbox"]
 
 logger = logging.getLogger(__name__)
+
+# The longest control reply line read (asyncio's default stream limit, as before).
+_CONTROL_LINE_LIMIT = 2**16
 
 
 class Sandbox(FileOperations):
@@ -68,6 +72,7 @@ class Sandbox(FileOperations):
         self._upper: Path | None = None
         self._work: Path | None = None
         self._files: ChannelDir | None = None
+        self._fifos: ControlFifos | None = None
         self._channel: ControlChannel | None = None
         self._runner: CommandExecutor | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -198,6 +203,11 @@ class Sandbox(FileOperations):
             dirs.seal_kept_upper(self._upper, 0o711 if self.as_root else 0o700)
         dirs.chown(io, self.owner)
         self._files = ChannelDir(io, self.owner)
+        shell = startup.control_shell(self._dir.parent)
+        try:
+            os.link(shell, io / CONTROL_SHELL)
+        except OSError:  # another filesystem (a runtime dir of its own): a copy of it
+            shutil.copy2(shell, io / CONTROL_SHELL)
         return io
 
     async def _launch(self, bwrap: Path, plan: MountPlan) -> None:
@@ -223,6 +233,8 @@ class Sandbox(FileOperations):
                 seccomp_fd=passed[2],
                 data_fds=passed[3:],
             )
+            assert self._files is not None
+            self._fifos = self._files.control_fifos()
             await self._spawn(args, passed)
             for fd in passed:
                 os.close(fd)
@@ -242,8 +254,10 @@ class Sandbox(FileOperations):
     async def _spawn(self, args: list[str], pass_fds: list[int]) -> None:
         self._proc = await asyncio.create_subprocess_exec(
             *args,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
+            # The control lines go through FIFOs only the control shell holds (channel.py):
+            # bwrap's own processes, pid 1 inside included, must hold no end of them.
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
             pass_fds=[*pass_fds, runtime.lifeline_fd()],
             start_new_session=True,
@@ -281,13 +295,13 @@ class Sandbox(FileOperations):
 
     async def _open_channel(self) -> None:
         assert self._proc is not None and self._files is not None and self._ns_pid is not None
-        assert self._proc.stdout is not None and self._proc.stdin is not None
-        channel = ControlChannel(
-            self._proc.stdout, self._proc.stdin, self._files, on_close=self._channel_closed
-        )
+        assert self._fifos is not None
+        reader, writer = await self._fifos.streams(limit=_CONTROL_LINE_LIMIT)
+        channel = ControlChannel(reader, writer, self._files, on_close=self._channel_closed)
         self._channel = channel
         channel.start()
         await startup.within(channel.ready(), "start its control shell")
+        self._fifos.seal()
         self._runner = CommandExecutor(
             channel,
             init_pid=self._ns_pid,
@@ -314,10 +328,11 @@ class Sandbox(FileOperations):
         return f": {text[-2000:]}" if text else ""
 
     async def _watch_upper(self, max_bytes: int | None, max_inodes: int | None) -> None:
-        """Stop the sandbox once its writable layer (and channel dir) outgrows its caps."""
+        """Stop the sandbox once its writable layer outgrows its caps. (The channel dir holds
+        only what the host writes: the sandbox sees it read-only.)"""
         assert self._upper is not None and self._dir is not None
         breach = await watchdog.watch_upper(
-            [self._upper, self._dir / "io"],
+            [self._upper],
             max_bytes,
             max_inodes,
             sandbox_id=self.id,
@@ -367,6 +382,8 @@ class Sandbox(FileOperations):
     def _remove_dirs(self) -> None:
         if self._cgroup is not None:
             self._cgroup.remove()
+        if self._fifos is not None:
+            self._fifos.close()
         if self._files is not None:
             self._files.close()
         if self._upper is not None and self.config.upper is not None:

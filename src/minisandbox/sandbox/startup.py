@@ -24,8 +24,9 @@ from minisandbox.errors import SandboxConfigError, SandboxStartError
 from minisandbox.sandbox import runtime
 from minisandbox.sandbox.bwrap import check_userns, find_bwrap
 from minisandbox.sandbox.cgroups import delegated_parent
+from minisandbox.sandbox.channel import CONTROL_IN, CONTROL_OUT, CONTROL_SHELL
 from minisandbox.sandbox.config import Limits, SandboxConfig
-from minisandbox.sandbox.rootfs import DEFAULT_PATH, MountPlan, build_system_layer
+from minisandbox.sandbox.rootfs import DEFAULT_PATH, IO_DIR, MountPlan, build_system_layer
 from minisandbox.sandbox.scripts import helper
 
 T = TypeVar("T")
@@ -84,6 +85,29 @@ def system_layer(process_dir: Path, owner: tuple[int, int] | None) -> Path:
             name = "system" if owner is None else f"system-{owner[0]}"
             _system_layers[key] = build_system_layer(process_dir / name, owner)
         return _system_layers[key]
+
+
+_control_shells: dict[Path, Path] = {}
+
+
+def control_shell(process_dir: Path) -> Path:
+    """The control shell's executable, made once per process: a copy of the host's /bin/sh
+    (the one bound inside) that nobody may read, only execute. A process that executes a file
+    it cannot read is not dumpable (nor are its forks, until they execute something else): no
+    other process of the sandbox's uid may open its /proc descriptors or memory, so nothing in
+    the sandbox can read the host's requests or forge the replies. (A root caller's shell is
+    not dumpable anyway: setpriv changes its credentials.)"""
+    with _system_lock:
+        if process_dir not in _control_shells:
+            path = process_dir / "control-sh"
+            staging = process_dir / "control-sh.tmp"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(staging)
+            shutil.copyfile(os.path.realpath("/bin/sh"), staging)
+            os.chmod(staging, 0o111)
+            os.rename(staging, path)
+            _control_shells[process_dir] = path
+        return _control_shells[process_dir]
 
 
 def sandbox_env(config: SandboxConfig) -> dict[str, str]:
@@ -150,7 +174,9 @@ def bwrap_argv(
             "--bounding-set=-all",
             "--",
         ]
-    return [*args, "/bin/sh", "-c", helper("control.sh")]
+    shell = f"{IO_DIR}/{CONTROL_SHELL}"
+    fifos = [f"{IO_DIR}/{CONTROL_IN}", f"{IO_DIR}/{CONTROL_OUT}"]
+    return [*args, shell, "-c", helper("control.sh"), CONTROL_SHELL, *fifos]
 
 
 def _namespace_args(
