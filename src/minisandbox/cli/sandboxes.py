@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import sys
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -39,6 +40,14 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
     from minisandbox.sandbox.terminal import Terminal
 
 
+RawTerminalOpt = typer.Option(
+    False,
+    "--raw-terminal",
+    help="Pass every escape sequence to your terminal: by default, window titles, clipboard "
+    "writes (OSC 52) and other control strings from the sandbox are dropped.",
+)
+
+
 def shell(
     layer: list[Path] = LayerOpt,
     upper: Path = UpperOpt,
@@ -53,6 +62,7 @@ def shell(
     mirror: Path = MirrorOpt,
     allow_abs: bool = AbsPathsOpt,
     quiet: bool = QuietOpt,
+    raw_terminal: bool = RawTerminalOpt,
 ) -> None:
     """Open an interactive bash in a fresh sandbox. Everything is gone when you exit, unless you
     pass --upper DIR. With --task ID: in that task's environment (built first if needed).
@@ -78,9 +88,9 @@ def shell(
             quiet,
         )
         if sys.stdin.isatty():
-            code = run_async(_interactive_shell(opened))
+            code = run_async(_interactive_shell(opened, raw_terminal))
         else:
-            code = run_async(_piped_shell(opened, sys.stdin.buffer.read()))
+            code = run_async(_piped_shell(opened, sys.stdin.buffer.read(), raw_terminal))
     except MiniSandboxError as e:
         fail(str(e))
     raise typer.Exit(code)
@@ -182,7 +192,16 @@ def _phase_on_stderr(task_id: str, phase: str) -> None:
     print(f"{task_id}: {phase}", file=sys.stderr, flush=True)
 
 
-async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> int:
+def _screen(fd: int, raw: bool) -> Callable[[bytes], bytes]:
+    """What is written to `fd`, filtered when it is a terminal (cli.termfilter) unless `raw`."""
+    if raw or not os.isatty(fd):
+        return lambda data: data
+    from minisandbox.cli.termfilter import TerminalFilter
+
+    return TerminalFilter().feed
+
+
+async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox], raw: bool) -> int:
     from minisandbox.sandbox.terminal import open_terminal
 
     cols, rows = shutil.get_terminal_size()
@@ -193,7 +212,7 @@ async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> in
         )
         term.release_peer()  # bash holds the terminal: from now on EIO means it exited
         try:
-            await _relay(term)
+            await _relay(term, _screen(sys.stdout.fileno(), raw))
         finally:
             term.close()
     return 0
@@ -204,26 +223,35 @@ async def _interactive_shell(opened: AbstractAsyncContextManager[Sandbox]) -> in
 _NO_TIMEOUT = 10 * 365 * 24 * 3600.0
 
 
-async def _piped_shell(opened: AbstractAsyncContextManager[Sandbox], script: bytes) -> int:
+async def _piped_shell(
+    opened: AbstractAsyncContextManager[Sandbox], script: bytes, raw: bool
+) -> int:
     """Run `script` (the piped-in input) with a non-interactive bash: no prompt, no line
-    editing; its output streamed; bash's exit status returned."""
+    editing; its output streamed (filtered where it goes to a terminal); bash's exit status
+    returned."""
     async with opened as sb:
         result = await sb.execute(
             ["/bin/bash", "--noprofile", "--norc", "-s"],
             stdin=script,
             timeout=_NO_TIMEOUT,
-            on_output=_stream,
+            on_output=_streamer(raw),
         )
     return result.exit_code
 
 
-def _stream(fd: int, chunk: bytes) -> None:
-    out = sys.stdout.buffer if fd == 1 else sys.stderr.buffer
-    out.write(chunk)
-    out.flush()
+def _streamer(raw: bool) -> Callable[[int, bytes], None]:
+    """An `on_output` that writes a command's streams to ours, each through `_screen`."""
+    screens = {1: _screen(sys.stdout.fileno(), raw), 2: _screen(sys.stderr.fileno(), raw)}
+
+    def stream(fd: int, chunk: bytes) -> None:
+        out = sys.stdout.buffer if fd == 1 else sys.stderr.buffer
+        out.write(screens[fd](chunk))
+        out.flush()
+
+    return stream
 
 
-async def _relay(term: Terminal) -> None:
+async def _relay(term: Terminal, screen: Callable[[bytes], bytes]) -> None:
     """Copy the user's keystrokes to the sandbox's terminal and its output back, in raw mode
     on a terminal (and following its size), until bash exits."""
     import termios
@@ -246,7 +274,9 @@ async def _relay(term: Terminal) -> None:
             if not done.done():
                 done.set_result(None)
             return
-        os.write(stdout_fd, data)
+        shown = screen(data)
+        while shown:  # a terminal may take less than all of it
+            shown = shown[os.write(stdout_fd, shown) :]
 
     def from_user() -> None:
         data = os.read(stdin_fd, 65536)
@@ -295,6 +325,7 @@ def exec_(
     mirror: Path = MirrorOpt,
     allow_abs: bool = AbsPathsOpt,
     quiet: bool = QuietOpt,
+    raw_terminal: bool = RawTerminalOpt,
 ) -> None:
     """Run one command in a fresh sandbox, stream its output, and exit with its exit code.
     With --task ID: in that task's environment (built first if needed), as an agent sees it.
@@ -320,7 +351,7 @@ def exec_(
             workdir,
             quiet,
         )
-        code = run_async(_exec(opened, command, timeout, stdin))
+        code = run_async(_exec(opened, command, timeout, stdin, raw_terminal))
     except CommandTimeoutError as e:
         typer.secho(f"minisandbox: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(124) from None
@@ -334,7 +365,8 @@ async def _exec(
     command: list[str],
     timeout: float | None,
     stdin: bytes | None,
+    raw: bool,
 ) -> int:
     async with opened as sb:
-        result = await sb.execute(command, timeout=timeout, stdin=stdin, on_output=_stream)
+        result = await sb.execute(command, timeout=timeout, stdin=stdin, on_output=_streamer(raw))
     return result.exit_code
