@@ -11,6 +11,7 @@ move them)."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import sys
 from pathlib import Path
@@ -119,3 +120,69 @@ async def attack_build_moves_host_dir_into_env_layer(ctx: AttackContext) -> None
         f"the build did not fail at collecting /opt/venv (positive control): {result.error}"
     )
     assert "symlink" in result.error or "not a directory" in result.error, result.error
+
+
+_EGRESS_PROBE = r"""
+import json, socket, urllib.request
+PORT, NAME, BANNER = {port}, {name!r}, {banner!r}
+out = {{}}
+try:
+    s = socket.create_connection(("127.0.0.1", PORT), timeout=5)
+    out["tcp"] = "ok:" + s.recv(100).decode()
+except OSError as e:
+    out["tcp"] = str(e)
+try:
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(5)
+    s.connect("\0" + NAME)
+    out["abstract"] = "ok:" + s.recv(100).decode()
+except OSError as e:
+    out["abstract"] = str(e)
+tables = ""
+for table in ("tcp", "tcp6", "unix"):
+    try:
+        tables += open("/proc/net/" + table).read()
+    except OSError:
+        pass
+out["proc_net"] = (":%04X " % PORT) in tables or NAME in tables
+proxy = urllib.request.build_opener(urllib.request.ProxyHandler(
+    {{"http": "http://127.0.0.1:3128", "https": "http://127.0.0.1:3128"}}))
+for key, url in (
+    ("via_proxy_loopback", "http://127.0.0.1:%d/" % PORT),
+    ("via_proxy_localhost", "http://localhost:%d/" % PORT),
+    ("via_proxy_metadata", "http://169.254.169.254/latest/meta-data/"),
+):
+    try:
+        out[key] = "ok:" + proxy.open(url, timeout=10).read(200).decode(errors="replace")
+    except Exception as e:
+        out[key] = repr(e)[:200]
+try:  # positive control: the package index, through the build's proxy
+    out["pypi"] = urllib.request.urlopen("https://pypi.org/simple/pip/", timeout=120).status
+except Exception as e:
+    out["pypi"] = repr(e)[:300]
+with open("/testbed/egress-probe.json", "w") as f:
+    json.dump(out, f)
+"""
+
+
+@attack
+async def attack_build_reaches_host_services(ctx: AttackContext) -> None:
+    """A task's install step (a hostile setup.py) connects to a TCP service bound only to the
+    host's 127.0.0.1, to a host abstract unix socket, lists the host's sockets in /proc/net,
+    and asks the build's proxy for the host's loopback and the cloud metadata address. None
+    may work; the package index must (through the proxy)."""
+    probe = _EGRESS_PROBE.format(
+        port=ctx.tcp_port, name=ctx.abstract_socket, banner=ctx.server_banner
+    )
+    builder = _builder(ctx)
+    script = f"/usr/bin/python3 - <<'PROBE'\n{probe}\nPROBE"
+    task = _task("egress", [script])
+    result = await builder.build(task)
+    assert result.status == "built" and result.task_layer, f"the build failed: {result.error}"
+    out = json.loads(builder.store.read_file(result.task_layer, "testbed/egress-probe.json"))
+    assert out["pypi"] == 200, f"the build cannot reach the package index (control): {out}"
+    for key in ("tcp", "abstract", *(k for k in out if k.startswith("via_proxy"))):
+        assert ctx.server_banner not in str(out[key]) and not str(out[key]).startswith("ok:"), (
+            f"a build step reached a host service ({key}): {out[key]}"
+        )
+    assert not out["proc_net"], f"a build step sees the host's sockets in /proc/net: {out}"

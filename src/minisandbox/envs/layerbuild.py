@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from minisandbox.envs import workdirs
+from minisandbox.envs.egress import EXTRA_HOSTS_VAR, build_policy
 from minisandbox.envs.layout import VENV
 from minisandbox.envs.settings import DEFAULT_IO_BUDGET, BuildSettings
 from minisandbox.envs.toolchains import Interpreter, find_interpreter
@@ -36,6 +37,7 @@ from minisandbox.layers.budget import LocalIOBudget
 from minisandbox.layers.nodecache import NodeCache
 from minisandbox.layers.store import LayerStore
 from minisandbox.sandbox.config import GiB, Limits, SandboxConfig
+from minisandbox.sandbox.memory import host_memory
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.utils import safefs
 from minisandbox.utils.uv import uv_binary
@@ -66,22 +68,12 @@ class RecordedBuildFailure(BuildError):
         self.step, self.log, self.tail = step, log, tail
 
 
-# Host settings a build needs to reach the package index as the host does (proxies, private
-# indexes, a corporate CA). Only for build sandboxes: task sandboxes get none of the host's env.
+# Host settings a build needs to reach the package index as the host does (private indexes, a
+# corporate CA). Only for build sandboxes: task sandboxes get none of the host's env. Proxies
+# are not among them: a build reaches the network through its own proxy (envs/egress.py), which
+# uses the host's.
 _BUILD_ENV_PREFIXES = ("PIP_", "UV_", "SSL_CERT_")
-_BUILD_ENV_NAMES = {
-    "HTTP_PROXY",
-    "HTTPS_PROXY",
-    "NO_PROXY",
-    "ALL_PROXY",
-    "http_proxy",
-    "https_proxy",
-    "no_proxy",
-    "all_proxy",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "GIT_SSL_CAINFO",
-}
+_BUILD_ENV_NAMES = {"REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"}
 _BUILD_ENV_OWN = {"UV_CACHE_DIR", "PIP_CACHE_DIR", "PIP_FIND_LINKS", "UV_FIND_LINKS"}
 # Upper-layer paths that are build noise, not part of a layer.
 _NOISE = (
@@ -302,12 +294,13 @@ class LayerBuilder:
     def build_config(
         self, interp: Interpreter, *, upper: Path, layers: list[Path] | None = None
     ) -> SandboxConfig:
-        """A build sandbox: the network on, the interpreter and uv mounted, generous limits."""
+        """A build sandbox: a network namespace of its own with a proxy to the package indexes
+        and git hosts (envs/egress.py), the interpreter and uv mounted, generous limits."""
         uv = uv_binary()
         return SandboxConfig(
             layers=layers or [],
             upper=upper,
-            network=True,
+            egress=build_policy(),
             ro_paths=sorted({interp.prefix, uv.parent}),
             venv=VENV,
             env={
@@ -323,7 +316,9 @@ class LayerBuilder:
                 "PATH": f"{VENV}/bin:{uv.parent}:/usr/local/bin:/usr/bin:/bin",
             },
             limits=Limits(
-                tmp_bytes=16 * GiB,
+                # /tmp is memory: at most a quarter of the host's (a hostile build may fill it).
+                tmp_bytes=min(16 * GiB, max(2 * GiB, host_memory() // 4)),
+                total_memory_bytes=host_memory() // 2,
                 upper_bytes=64 * GiB,
                 upper_inodes=8_000_000,
                 command_timeout=3600,
@@ -338,9 +333,16 @@ class LayerBuilder:
         """
         result = await sb.execute(["/bin/bash", "-c", command], merge_stderr=True)
         log = logs / f"{step}.log"
-        log.write_text(f"$ {command}\n{result.stdout}\n[exit code {result.exit_code}]\n")
+        refused = sb.egress_refused
+        note = (
+            f"\n[the build's network refused: {', '.join(refused)}; {EXTRA_HOSTS_VAR} allows "
+            "more hosts]"
+            if refused
+            else ""
+        )
+        log.write_text(f"$ {command}\n{result.stdout}\n[exit code {result.exit_code}]{note}\n")
         if result.exit_code != 0:
-            tail = "\n".join(result.stdout.strip().splitlines()[-15:])
+            tail = "\n".join(result.stdout.strip().splitlines()[-15:]) + note
             raise BuildError(what, step, log, f":\n{tail}" if tail else "")
 
     def log_dir(self, name: str) -> Path:

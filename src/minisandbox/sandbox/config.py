@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from minisandbox.errors import SandboxConfigError
+from minisandbox.sandbox.egress import EgressPolicy
 
 GiB = 1024**3
 MiB = 1024**2
@@ -22,8 +23,8 @@ class Limits(BaseModel):
     process of the sandbox). `upper_bytes` and `upper_inodes` are enforced by a watchdog that
     scans the upper layer (at most a second apart) and stops the sandbox when one is exceeded;
     a single file is capped at `upper_bytes` too (RLIMIT_FSIZE), so that it cannot outgrow the
-    layer between two scans. `total_memory_bytes` needs a delegated cgroup v2 (see cgroups.py):
-    where there is none, setting it makes the start fail rather than go unenforced."""
+    layer between two scans. `total_memory_bytes` caps the whole sandbox: in a delegated cgroup
+    v2 where there is one (cgroups.py), else by a watchdog on the host (memory.py)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -36,8 +37,10 @@ class Limits(BaseModel):
     cpu_seconds: int | None = Field(None, description="CPU time per process")
     total_memory_bytes: int | None = Field(
         None,
-        description="memory of the whole sandbox; needs a delegated cgroup v2, else the start "
-        "is refused",
+        ge=0,
+        description="memory of the whole sandbox: None, a share of the host's (80% of it over "
+        "$MINISANDBOX_SLOTS, else the CPU count); 0, no cap. A delegated cgroup v2 enforces "
+        "it; else a host watchdog polls every 0.25 s and stops the sandbox past it",
     )
     tmp_bytes: int = Field(1 * GiB, description="size of the private /tmp (tmpfs)")
     shm_bytes: int = Field(256 * MiB, description="size of /dev/shm (tmpfs)")
@@ -62,6 +65,11 @@ class SandboxConfig(BaseModel):
     upper: Path | None = Field(None, description="keep the writable layer here")
     ro_paths: list[Path] = Field(default_factory=list, description="host dirs bound read-only")
     network: bool = False
+    egress: EgressPolicy | None = Field(
+        None,
+        description="no network but an HTTP proxy to these hosts (sandbox/egress.py); "
+        "excludes `network`",
+    )
     hostname: str = "sandbox"
     workdir: str = "/testbed"
     env: dict[str, str] = Field(default_factory=dict)
@@ -102,6 +110,15 @@ class SandboxConfig(BaseModel):
         if value is not None and not value.startswith("/"):
             raise SandboxConfigError(f"{value!r} must be an absolute path inside the sandbox")
         return value
+
+    @model_validator(mode="after")
+    def _egress_without_network(self) -> SandboxConfig:
+        if self.egress is not None and self.network:
+            raise SandboxConfigError(
+                "network=True shares the host's network; egress gives a proxy to a few hosts "
+                "instead: set one of them"
+            )
+        return self
 
     @field_validator("hostname")
     @classmethod

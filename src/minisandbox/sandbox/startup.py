@@ -20,12 +20,12 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from minisandbox.errors import SandboxConfigError, SandboxStartError
+from minisandbox.errors import SandboxStartError
 from minisandbox.sandbox import runtime
 from minisandbox.sandbox.bwrap import check_userns, find_bwrap
-from minisandbox.sandbox.cgroups import delegated_parent
 from minisandbox.sandbox.channel import CONTROL_IN, CONTROL_OUT, CONTROL_SHELL
 from minisandbox.sandbox.config import Limits, SandboxConfig
+from minisandbox.sandbox.egress import proxy_env
 from minisandbox.sandbox.rootfs import DEFAULT_PATH, IO_DIR, MountPlan, build_system_layer
 from minisandbox.sandbox.scripts import helper
 
@@ -43,33 +43,16 @@ def preflight(config: SandboxConfig, as_root: bool) -> Path:
     to run.
 
     Raises:
-        SandboxConfigError: a whole-sandbox memory cap that nothing here would enforce.
         BwrapNotFoundError: no usable bwrap.
         UserNamespacesUnavailableError: the kernel refuses unprivileged user namespaces.
         SandboxStartError: a host tool the sandbox relies on is missing.
     """
-    check_total_memory(config.limits.total_memory_bytes)
     bwrap = find_bwrap(config.bwrap)
     check_userns()
     for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if as_root else ()):
         if shutil.which(tool, path=HOST_TOOLS_PATH) is None:
             raise SandboxStartError(f"the host has no `{tool}` in /usr/bin or /bin; install it")
     return bwrap
-
-
-def check_total_memory(total_memory_bytes: int | None) -> None:
-    """Refuse a whole-sandbox memory cap that nothing would enforce.
-
-    Raises:
-        SandboxConfigError: `total_memory_bytes` is set and no delegated cgroup v2 is usable.
-    """
-    if total_memory_bytes is not None and delegated_parent() is None:
-        raise SandboxConfigError(
-            f"Limits.total_memory_bytes={total_memory_bytes} cannot be enforced: it needs a "
-            f"delegated cgroup v2 with the memory and pids controllers, and uid {os.geteuid()} "
-            "has none here. Unset it (the per-process Limits.memory_bytes still applies), or "
-            "delegate a cgroup v2 directory and name it in MINISANDBOX_CGROUP"
-        )
 
 
 _system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}
@@ -127,6 +110,8 @@ def sandbox_env(config: SandboxConfig) -> dict[str, str]:
         env["VIRTUAL_ENV"] = config.venv
     env["PATH"] = path
     env.update(config.env)
+    if config.egress is not None:  # last: nothing else leads out of its namespace
+        env.update(proxy_env(config.egress))
     return env
 
 

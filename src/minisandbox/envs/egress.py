@@ -1,0 +1,99 @@
+"""What a build sandbox may reach: the package indexes and git hosts a build needs, and the
+ones the user's own pip and uv settings name; nothing else (sandbox/egress.py enforces it).
+
+The allow-list is PyPI (pypi.org, files.pythonhosted.org), GitHub (github.com and its download
+hosts: source archives, release assets, raw files), every host of an index URL in the host's
+pip or uv settings (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, UV_INDEX_URL, UV_EXTRA_INDEX_URL,
+UV_DEFAULT_INDEX, UV_INDEX, and the index-url / extra-index-url of pip's configuration files),
+and whatever $MINISANDBOX_BUILD_HOSTS adds (names separated by commas or spaces; '.example.org'
+allows its subdomains too; 'host:port' allows that port, also on this host's own or private
+addresses, for an index run locally). An index the user's settings name by URL is allowed at
+its host and port, wherever it resolves (the user chose it). If the host reaches the internet
+through a proxy (HTTPS_PROXY), the build's proxy goes through it.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from minisandbox.sandbox.egress import EgressPolicy
+
+# What every build may need: PyPI, and GitHub for git dependencies and release downloads
+# (uv's managed Pythons come from GitHub releases).
+DEFAULT_HOSTS = (
+    "pypi.org",
+    "files.pythonhosted.org",
+    "github.com",
+    "codeload.github.com",
+    ".githubusercontent.com",
+)
+_INDEX_VARS = (
+    "PIP_INDEX_URL",
+    "PIP_EXTRA_INDEX_URL",
+    "UV_INDEX_URL",
+    "UV_EXTRA_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_INDEX",
+)
+EXTRA_HOSTS_VAR = "MINISANDBOX_BUILD_HOSTS"
+
+
+def _pip_config_files() -> list[Path]:
+    home = Path.home()
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
+    files = [Path("/etc/pip.conf"), Path("/etc/xdg/pip/pip.conf"), xdg / "pip/pip.conf"]
+    files.append(home / ".pip/pip.conf")
+    if os.environ.get("PIP_CONFIG_FILE"):
+        files.append(Path(os.environ["PIP_CONFIG_FILE"]))
+    return files
+
+
+def index_urls() -> list[str]:
+    """The index URLs of the host's pip and uv settings (environment and pip's files)."""
+    urls: list[str] = []
+    for name in _INDEX_VARS:
+        for word in os.environ.get(name, "").split():
+            urls.append(word.split("=", 1)[1] if re.match(r"^[\w.-]+=", word) else word)
+    for path in _pip_config_files():
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (OSError, configparser.Error):
+            continue
+        for section in parser.sections():
+            for key in ("index-url", "extra-index-url", "index_url", "extra_index_url"):
+                urls += parser.get(section, key, fallback="").split()
+    return urls
+
+
+def build_policy() -> EgressPolicy:
+    """The egress of build sandboxes, from the host's settings now (see the module docstring)."""
+    hosts = list(DEFAULT_HOSTS)
+    local: list[str] = []
+    for url in index_urls():
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            continue  # file:// and paths: bound into the sandbox, no network
+        hosts.append(parts.hostname.lower())
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        local.append(f"{parts.hostname.lower()}:{port}")
+    for word in re.split(r"[\s,]+", os.environ.get(EXTRA_HOSTS_VAR, "")):
+        if not word:
+            continue
+        name, sep, number = word.rpartition(":")
+        if sep and number.isdigit():
+            local.append(f"{name.lower()}:{number}")
+        else:
+            hosts.append(word.lower())
+    upstream = None
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        if os.environ.get(name, "").startswith("http://"):
+            upstream = os.environ[name]
+            break
+    return EgressPolicy(
+        hosts=tuple(dict.fromkeys(hosts)), local=tuple(dict.fromkeys(local)), upstream=upstream
+    )
