@@ -454,5 +454,10 @@ def test_attack_registry_is_complete() -> None:
         "session_shell_ignores_sigint",
         "timeout_setsid_child",
         "timeout_double_fork_setsid",
+        "answer_the_control_channel",
+        "stop_the_control_shell",
+        "other_user_rewrites_a_layer",
+        "node_upload_writes_outside",
+        "build_reaches_host_services",
     }
     assert expected <= set(ATTACKS), f"missing: {expected - set(ATTACKS)}"

@@ -411,15 +411,16 @@ async def test_upper_caps_bound_one_file_and_name_the_limit() -> None:
             )
 
 
-async def test_total_memory_bytes_is_refused_without_a_delegated_cgroup() -> None:
-    from minisandbox.sandbox.cgroups import delegated_parent
+async def test_whole_sandbox_memory_has_a_default_cap_and_the_oom_killer_prefers_it() -> None:
+    from minisandbox.sandbox import memory
 
-    assert Limits().total_memory_bytes is None  # the default needs no cgroup
-    if delegated_parent() is not None:
-        pytest.skip("a delegated cgroup v2 is available here: the cap is enforced instead")
-    with pytest.raises(SandboxConfigError, match=r"total_memory_bytes.*memory_bytes"):
-        async with Sandbox(limits=Limits(total_memory_bytes=1 << 30)):
-            pass
+    assert Limits().total_memory_bytes is None  # a share of the host's memory
+    assert 0 < memory.default_share() < memory.host_memory()
+    async with Sandbox() as sb:
+        r = await sb.execute("cat /proc/self/oom_score_adj")
+        assert r.stdout == f"{memory.OOM_SCORE_ADJ}\n", r.output
+    with pytest.raises(ValueError):
+        Limits(total_memory_bytes=-1)
 
 
 async def test_kept_upper_work_dir_names_its_owner_and_dead_owners_are_swept(

@@ -37,7 +37,7 @@ from minisandbox.errors import (
     SandboxStartError,
     SessionError,
 )
-from minisandbox.sandbox import dirs, runtime, startup, watchdog
+from minisandbox.sandbox import dirs, egress, memory, runtime, startup, watchdog
 from minisandbox.sandbox.bwrap import explain_bwrap_failure
 from minisandbox.sandbox.cgroups import SandboxCgroup, delegated_parent
 from minisandbox.sandbox.channel import CONTROL_SHELL, ChannelDir, ControlChannel, ControlFifos
@@ -73,6 +73,7 @@ class Sandbox(FileOperations):
         self._work: Path | None = None
         self._files: ChannelDir | None = None
         self._fifos: ControlFifos | None = None
+        self._egress: egress.EgressProxy | None = None
         self._channel: ControlChannel | None = None
         self._runner: CommandExecutor | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,6 +100,11 @@ class Sandbox(FileOperations):
     def pid(self) -> int | None:
         """Host pid of the sandbox's init process (pid 1 inside)."""
         return self._ns_pid
+
+    @property
+    def egress_refused(self) -> list[str]:
+        """What the sandbox's egress proxy refused so far ("host:port (why)"), if it has one."""
+        return list(self._egress.refused) if self._egress is not None else []
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -148,8 +154,7 @@ class Sandbox(FileOperations):
 
         Raises:
             SandboxStartError: already started, or bwrap could not set the sandbox up.
-            SandboxConfigError: the configuration is unsafe (a symlink on a mount path) or
-                cannot be enforced here.
+            SandboxConfigError: the configuration is unsafe (a symlink on a mount path).
             BwrapNotFoundError: no usable bwrap.
             UserNamespacesUnavailableError: the kernel refuses unprivileged user namespaces.
         """
@@ -175,7 +180,15 @@ class Sandbox(FileOperations):
             self._upper, plan.destinations, [system, *cfg.layers], cfg.workdir, self.owner
         )
         await self._launch(bwrap, plan)
+        if cfg.egress is not None:  # before anything of the sandbox but its control shell runs
+            assert self._ns_pid is not None
+            listener = await asyncio.to_thread(egress.open_listener, self._ns_pid)
+            self._egress = egress.EgressProxy(cfg.egress, listener, self.id)
+            await self._egress.start()
         lim = cfg.limits
+        cap = self._memory_cap()
+        if cap and self._cgroup is None:
+            self._tasks.append(asyncio.create_task(self._watch_memory(cap)))
         if lim.upper_bytes is not None or lim.upper_inodes is not None:
             self._tasks.append(
                 asyncio.create_task(self._watch_upper(lim.upper_bytes, lim.upper_inodes))
@@ -285,13 +298,29 @@ class Sandbox(FileOperations):
         startup.write_id_maps(pid, (self.sandbox_uid, self.sandbox_gid), self.as_root)
         lim = self.config.limits
         startup.apply_rlimits(pid, lim, self.as_root)
+        memory.point_oom_killer_at(pid)
         parent = delegated_parent()
-        # Whole-sandbox limits on top, where the caller may use cgroups (without one, an explicit
-        # total_memory_bytes was refused before bwrap started).
+        # Whole-sandbox limits on top, where the caller may use cgroups (without one, its memory
+        # is watched from the host: see _watch_memory).
         if parent is not None:
             self._cgroup = SandboxCgroup(parent, f"sandbox-{self.id}")
-            self._cgroup.create(lim.total_memory_bytes, lim.processes)
+            self._cgroup.create(self._memory_cap() or None, lim.processes)
             self._cgroup.add(pid)
+
+    def _memory_cap(self) -> int:
+        """The whole-sandbox memory cap in bytes (0: none): total_memory_bytes, else the
+        default share of the host's memory (memory.py)."""
+        total = self.config.limits.total_memory_bytes
+        return memory.default_share() if total is None else total
+
+    async def _watch_memory(self, cap: int) -> None:
+        assert self._ns_pid is not None
+        breach = await memory.watch_memory(
+            self._ns_pid, cap, sandbox_id=self.id, running=lambda: self.running
+        )
+        if breach is not None:
+            self._dead = SandboxLimitError(breach)
+            await self._kill()
 
     async def _open_channel(self) -> None:
         assert self._proc is not None and self._files is not None and self._ns_pid is not None
@@ -375,6 +404,8 @@ class Sandbox(FileOperations):
                 await self._proc.wait()
         if self._channel is not None:
             await self._channel.close()
+        if self._egress is not None:
+            await self._egress.close()
         current = asyncio.current_task()
         await cancel_and_wait(t for t in self._tasks if t is not current)
         self._remove_dirs()
