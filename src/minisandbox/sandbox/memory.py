@@ -28,12 +28,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def host_memory() -> int:
-    """The host's memory in bytes (MemTotal)."""
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("no MemTotal in /proc/meminfo")
+    """The host's memory in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def slots() -> int:
