@@ -318,6 +318,10 @@ class Sandbox(FileOperations):
         breach = await memory.watch_memory(
             self._ns_pid, cap, sandbox_id=self.id, running=lambda: self.running
         )
+        await self._stop_on(breach)
+
+    async def _stop_on(self, breach: str | None) -> None:
+        """A watchdog's verdict: past a limit (`breach` says which), the sandbox dies of it."""
         if breach is not None:
             self._dead = SandboxLimitError(breach)
             await self._kill()
@@ -367,9 +371,7 @@ class Sandbox(FileOperations):
             sandbox_id=self.id,
             running=lambda: self.running,
         )
-        if breach is not None:
-            self._dead = SandboxLimitError(breach)
-            await self._kill()
+        await self._stop_on(breach)
 
     # ---------------------------------------------------------------- stop
 
