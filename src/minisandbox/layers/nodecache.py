@@ -26,7 +26,7 @@ running at once may exceed it briefly. The cap counts each layer at its full siz
 layers share their common files through the pool: the disk holds less than the count says, so
 the cap is never exceeded on disk, but eviction may come sooner than it would need to.
 
-For a root caller the cache is root's, mode 0700 (see `_make_private`); layers are owned by the
+For a root caller the cache is root's, mode 0700 (see cacheperms.py); layers are owned by the
 uid sandboxes run as. Layers are shared read-only (sandboxes mount them as overlay lower layers);
 after a machine crash (not a process crash) an unpacked layer may have lost data that was never
 flushed: `clear()` such a cache.
@@ -41,7 +41,6 @@ import fcntl
 import logging
 import os
 import secrets
-import stat
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager
@@ -50,7 +49,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from minisandbox.layers.budget import IOBudget, LocalIOBudget, pid_alive
-from minisandbox.layers.errors import CacheOwnerError
+from minisandbox.layers.cacheperms import make_own, make_private
 from minisandbox.layers.ids import check_layer_id, is_layer_id
 from minisandbox.layers.pool import FilePool
 from minisandbox.layers.store import LayerStore
@@ -125,89 +124,15 @@ class NodeCache:
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         self.pool = FilePool(self.root / "pool")
         if os.geteuid() == 0:
-            self._make_private(created)
+            uid = None if owner is None else owner[0]
+            make_private(self.root, _PRIVATE, created=created, sandbox_uid=uid)
         else:
-            self._make_own(created)
+            make_own(self.root, _PRIVATE, created=created)
         self.budget = (
             budget if budget is not None else LocalIOBudget.from_env(self.root / "io-budget")
         )
         self._sweep_tmp()
         self.unpacked: collections.Counter[str] = collections.Counter()  # by this process
-
-    def _make_private(self, created: bool) -> None:
-        """A root caller's cache is root's alone: its layers are owned by the uid its sandboxes
-        run as (they must appear as root inside), so a process of that uid on the host must not
-        reach them, or it could rewrite every later sandbox's files (a grader's included), nor
-        take the cache's locks. Root-owned directories of mode 0700 hold everything (bwrap still
-        mounts the layers, as it does so as root before dropping to that uid, and overlayfs
-        reads lower layers with the mounter's credentials).
-
-        The cache root itself is made private too when this made it; an existing one is left as
-        it is (it may be a directory others use, /tmp say) unless that uid owns it: then it could
-        swap the directories in it, and root takes it."""
-        root = os.path.realpath(self.root)  # the root may be a link the caller made
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if created or (self.owner is not None and os.fstat(fd).st_uid == self.owner[0]):
-                os.fchown(fd, 0, 0)
-                os.fchmod(fd, 0o700)
-        finally:
-            os.close(fd)
-        for sub in _PRIVATE:
-            fd = os.open(
-                os.path.join(root, sub), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            )
-            try:
-                os.fchown(fd, 0, 0)
-                os.fchmod(fd, 0o700)
-            finally:
-                os.close(fd)
-        # A lock file that uid could open is a lock it could hold (eviction would stall).
-        fd = os.open(
-            os.path.join(root, "evict.lock"), os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
-        try:
-            os.fchown(fd, 0, 0)
-            os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
-
-    def _make_own(self, created: bool) -> None:
-        """An unprivileged caller's cache is its own: no other user of the host may reach its
-        layers, its pool (whose files are the layers' files), its locks or its accounts. So
-        each directory of it is the caller's, mode 0700, and a cache another user owns is
-        refused: a cache is per user (a shared one would let each user rewrite what the
-        others' sandboxes run). The cache root is made 0700 when this made it; an existing
-        one of ours loses write permission for group and others (they could swap what is in
-        it).
-
-        Raises:
-            CacheOwnerError: the cache, or a directory of it, belongs to another user.
-        """
-        uid = os.geteuid()
-        root = os.path.realpath(self.root)
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            st = os.fstat(fd)
-            if st.st_uid != uid:
-                raise CacheOwnerError(root, st.st_uid)
-            if created:
-                os.fchmod(fd, 0o700)
-            elif st.st_mode & 0o022:
-                os.fchmod(fd, stat.S_IMODE(st.st_mode) & ~0o022)
-        finally:
-            os.close(fd)
-        for sub in _PRIVATE:
-            path = os.path.join(root, sub)
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                st = os.fstat(fd)
-                if st.st_uid != uid:
-                    raise CacheOwnerError(path, st.st_uid)
-                if stat.S_IMODE(st.st_mode) != 0o700:
-                    os.fchmod(fd, 0o700)
-            finally:
-                os.close(fd)
 
     # paths and bookkeeping
 

@@ -15,7 +15,8 @@ Two ways of starting bwrap, chosen by the caller's uid:
 
 The parts: startup.py (checks, bwrap's command line, uid maps and rlimits), dirs.py (runtime
 directory, upper layer), channel.py (control protocol, channel directory), commands.py
-(one-shot commands), files.py (files), watchdog.py (upper-layer caps), session.py (shells).
+(one-shot commands), files.py (files), watchdog.py (upper-layer caps), memory.py (the memory
+cap), session.py (a shell), sessions.py (the named shells of a sandbox).
 """
 
 from __future__ import annotations
@@ -29,14 +30,9 @@ import shutil
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn, cast
 
-from minisandbox.errors import (
-    SandboxLimitError,
-    SandboxNotRunningError,
-    SandboxStartError,
-    SessionError,
-)
+from minisandbox.errors import SandboxLimitError, SandboxNotRunningError, SandboxStartError
 from minisandbox.sandbox import dirs, egress, memory, runtime, startup, watchdog
 from minisandbox.sandbox.bwrap import explain_bwrap_failure
 from minisandbox.sandbox.cgroups import SandboxCgroup, delegated_parent
@@ -47,7 +43,8 @@ from minisandbox.sandbox.files import READ_MAX_BYTES, FileOperations
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT, CappedOutput, decode
 from minisandbox.sandbox.rootfs import DEFAULT_PATH, MountPlan, build_plan, check_destinations
 from minisandbox.sandbox.seccomp import build_filter
-from minisandbox.sandbox.session import ShellSession
+from minisandbox.sandbox.session import SessionHost, ShellSession
+from minisandbox.sandbox.sessions import SessionOperations
 from minisandbox.utils.aio import cancel_and_wait, settle
 
 __all__ = ["READ_MAX_BYTES", "ExecResult", "Sandbox"]
@@ -58,7 +55,7 @@ logger = logging.getLogger(__name__)
 _CONTROL_LINE_LIMIT = 2**16
 
 
-class Sandbox(FileOperations):
+class Sandbox(FileOperations, SessionOperations):
     """An isolated, disposable Linux environment. Use as `async with Sandbox(...) as sb:`.
 
     `Sandbox(config)` or `Sandbox(**fields of SandboxConfig)`."""
@@ -397,9 +394,7 @@ class Sandbox(FileOperations):
         if self._stopped:
             return
         self._stopped = True
-        for session in list(self._sessions.values()):
-            await session.close()
-        self._sessions.clear()
+        await self._close_sessions()
         await self._kill()
         if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -476,55 +471,6 @@ class Sandbox(FileOperations):
         )
         return raw.decoded()
 
-    # ---------------------------------------------------------------- sessions
 
-    async def create_session(self, name: str = "default", **kwargs: Any) -> ShellSession:
-        """Start a persistent interactive bash (its own pty) and return its ShellSession.
-        `kwargs` go to ShellSession (env, max_output, columns, rows). It is closed with the
-        sandbox, or by its `close()` or `close_session(name)`.
-
-        Raises:
-            SessionError: a session of that name exists, or the shell did not start.
-            SandboxNotRunningError: the sandbox is not running.
-            SandboxLimitError: the sandbox was stopped for exceeding a limit.
-            CommandTimeoutError: the shell did not show its first prompt in time.
-        """
-        if name in self._sessions:
-            raise SessionError(f"session {name!r} already exists in sandbox {self.id}")
-        self.require_running()
-        session = ShellSession(self, name, on_close=self._forget_session, **kwargs)
-        self._sessions[name] = session
-        try:
-            await session.start()
-        except BaseException:
-            await session.close()
-            raise
-        return session
-
-    def _forget_session(self, session: ShellSession) -> None:
-        if self._sessions.get(session.name) is session:
-            del self._sessions[session.name]
-
-    def session(self, name: str = "default") -> ShellSession:
-        """The open session `name`.
-
-        Raises:
-            SessionError: there is no such session (never created, or closed).
-        """
-        try:
-            return self._sessions[name]
-        except KeyError:
-            raise SessionError(f"no session {name!r} in sandbox {self.id}") from None
-
-    @property
-    def sessions(self) -> list[str]:
-        """The names of the open sessions."""
-        return list(self._sessions)
-
-    async def close_session(self, name: str) -> None:
-        """Close session `name`: its shell and everything in its process group are killed.
-
-        Raises:
-            SessionError: there is no such session.
-        """
-        await self.session(name).close()
+if TYPE_CHECKING:
+    _host: SessionHost = cast(Sandbox, None)  # a Sandbox is what its sessions need
