@@ -92,7 +92,7 @@ def explain_os_error(e: OSError) -> str:
         knob = next((k for root, k in places if path == root or root in path.parents), knob)
     what = e.strerror or str(e)
     where = f"{path}: " if path is not None else ""
-    if path is None and places:
+    if path is None and places and e.errno in _FIXES:  # a failed write: where it may have been
         where = f"writing under one of {', '.join(str(p) for p, _ in places)}: "
         fullest = _fullest(places) if e.errno == errno.ENOSPC else None
         if fullest is not None:  # the write named no file: the likeliest culprit

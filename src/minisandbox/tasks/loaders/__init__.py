@@ -48,7 +48,7 @@ from minisandbox.tasks.loaders.overrides import (
     recipe_overrides,
     version_matches,
 )
-from minisandbox.tasks.loaders.rows import load_hf
+from minisandbox.tasks.loaders.rows import is_hf_name, load_hf
 from minisandbox.tasks.loaders.selection import check_found, check_unique, wanted_ids
 from minisandbox.tasks.loaders.swesmith_records import SWESMITH_INSTALL, SWESMITH_TEST_CMD
 from minisandbox.tasks.specs import Task
@@ -123,18 +123,25 @@ def load_tasks(
         tasks = load_file(path, envs, wanted, allow_absolute_paths, rejected)
     elif path.suffix.lower() in FILE_SUFFIXES:
         raise TaskFileNotFoundError(f"{path}: no such task file", path=str(path))
-    elif "/" in str(source):
-        tasks = load_hf(str(source), envs, wanted, allow_absolute_paths, rejected)
+    elif isinstance(source, str) and is_hf_name(source):
+        tasks = load_hf(source, envs, wanted, allow_absolute_paths, rejected)
     else:
-        raise TaskFormatError(
-            f"unknown task source {str(source)!r}: expected 'examples', a file "
-            f"({', '.join(FILE_SUFFIXES)}) or a Hugging Face dataset name like "
-            "'princeton-nlp/SWE-bench_Verified'"
-        )
+        raise TaskFileNotFoundError(_unknown_source(str(source)), path=str(source))
     found = [t.id for t in tasks] + [e.instance_id for e in rejected or [] if e.instance_id]
     check_found(wanted, found, str(source))
     check_unique(tasks, str(source))
     return tasks
+
+
+def _unknown_source(source: str) -> str:
+    """What to say of a source that is no file, no directory and no dataset name."""
+    if source.rstrip("/").removeprefix("./") == "examples":
+        return f"{source}: no such file or directory: the bundled examples are `examples`"
+    return (
+        f"{source}: no such file or directory, and not a Hugging Face dataset name "
+        f"(owner/name[:split]): give 'examples', a file ({', '.join(FILE_SUFFIXES)}) or a "
+        "dataset name like 'princeton-nlp/SWE-bench_Verified'"
+    )
 
 
 def _directory_problem(path: Path) -> str:
@@ -148,6 +155,8 @@ def _directory_problem(path: Path) -> str:
     if found:
         shown = ", ".join(found[:5]) + (", ..." if len(found) > 5 else "")
         return f"{path}: is a directory, not a task file: give one of its task files ({shown})"
+    if path.name == "examples":
+        return f"{path}: is a directory, not a task file: the bundled examples are `examples`"
     return (
         f"{path}: is a directory without task files: give a task file "
         f"({', '.join(FILE_SUFFIXES)}), 'examples' or a Hugging Face dataset name"

@@ -13,6 +13,10 @@ of its own: paths its records name are looked up in envs_dir only.
 
 from __future__ import annotations
 
+import os
+import re
+import socket
+import urllib.parse
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -62,6 +66,59 @@ def records_to_tasks(
     return tasks
 
 
+# A Hugging Face dataset id (owner/name, as the Hub allows them) and an optional split.
+_HF_NAME = re.compile(
+    r"(?!.*\.\.)[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?"
+    r"/[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9])?(?::[A-Za-z0-9_.-]+)?"
+)
+# Seconds to find the Hub before `datasets` is asked: offline, it retries for about 25 s.
+_HUB_CONNECT_TIMEOUT = 10.0
+
+
+def is_hf_name(name: str) -> bool:
+    """Whether `name` can be a Hugging Face dataset ("owner/name" or "owner/name:split")."""
+    return _HF_NAME.fullmatch(name) is not None
+
+
+def _hub_unreachable() -> str | None:
+    """Why the Hugging Face Hub cannot be reached (None: it can, or a proxy or offline mode
+    decides). Only a name lookup and a TCP connect: a second, not `datasets`' retries."""
+    if any(os.environ.get(v) for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
+        return None  # the cache decides
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # the proxy resolves names, not us
+    endpoint = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = endpoint.hostname or "huggingface.co", endpoint.port or 443
+    try:
+        socket.create_connection((host, port), timeout=_HUB_CONNECT_TIMEOUT).close()
+    except OSError as e:
+        return f"{host}:{port}: {e.strerror or e}"
+    return None
+
+
+_FIX = (
+    "download the dataset and pass its .parquet/.json/.jsonl file, or set HF_HUB_OFFLINE=1 to "
+    "use a copy in the Hugging Face cache"
+)
+
+
+def _load_dataset(datasets: Any, name: str, split: str | None) -> Any:
+    """`datasets.load_dataset(name, split=split)`, its failures as one TaskFormatError.
+
+    Raises:
+        TaskFormatError: the Hub cannot be reached, or the dataset or split cannot be loaded.
+    """
+    try:
+        return datasets.load_dataset(name, split=split)
+    except Exception as e:  # datasets raises many kinds, OSErrors among them: one line each
+        what = " ".join(str(e).split())[:300] or type(e).__name__
+        raise TaskFormatError(
+            f"{name}: could not load this Hugging Face dataset"
+            f"{f' (split {split})' if split else ''}: {type(e).__name__}: {what}; check the "
+            f"name, or {_FIX}"
+        ) from None
+
+
 def record_kind(record: dict[str, Any], where: Where) -> Literal["swebench", "swesmith"]:
     """SWE-smith records have an image or environment and no test patch; SWE-bench records
     have a base commit / test patch.
@@ -93,8 +150,15 @@ def load_hf(
     Raises:
         MissingDependencyError: the `datasets` package is not installed.
         TaskFormatError: no split is given and the dataset has several, none named "test";
-            or a record is malformed.
+            or a record is malformed; or the dataset could not be loaded (the Hub cannot be
+            reached, there is no such dataset or split).
     """
+    unreachable = _hub_unreachable()  # before `datasets` is imported: seconds, offline
+    if unreachable is not None:
+        raise TaskFormatError(
+            f"{name}: taken for a Hugging Face dataset (it is no file here), but the Hub "
+            f"cannot be reached ({unreachable}): {_FIX}"
+        )
     datasets = optional_import(
         "datasets",
         f"{name!r} is not a file, so it is taken for a Hugging Face dataset name; loading one "
@@ -102,7 +166,7 @@ def load_hf(
         "pass its local .parquet/.json/.jsonl file.",
     )
     dataset_name, _, split = name.partition(":")
-    loaded = datasets.load_dataset(dataset_name, split=split or None)
+    loaded = _load_dataset(datasets, dataset_name, split or None)
     if not split:
         splits = list(loaded.keys())
         if "test" in splits:
