@@ -37,7 +37,15 @@ def kept_work_dir(upper: Path, runtime_dir: Path, sandbox_id: str) -> Path:
     """Create the kept upper layer `upper` if needed, and the overlay work directory beside it
     (overlayfs wants it empty and on the upper's filesystem): its path. Work directories of dead
     owners are removed first; the new one is registered in `runtime_dir` for the janitor before
-    it exists, in case we die without stopping the sandbox."""
+    it exists, in case we die without stopping the sandbox.
+
+    Raises:
+        SandboxConfigError: `upper` is there and is not a directory.
+    """
+    if os.path.lexists(upper) and not upper.is_dir():
+        raise SandboxConfigError(
+            f"upper {upper}: not a directory: give a directory (made if missing)"
+        )
     upper.mkdir(parents=True, exist_ok=True)
     _sweep_dead_work_dirs(upper)
     work = upper.parent / _work_dir_name(upper, sandbox_id)

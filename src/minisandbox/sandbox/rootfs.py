@@ -66,6 +66,9 @@ _PASSWD = (
 _GROUP = "root:x:0:\nnogroup:x:65534:\n"
 # Mount points that every sandbox needs; present in the system layer so bwrap creates nothing.
 _MOUNT_POINTS = ("usr", "proc", "dev", "tmp", "run/minisandbox", "root", "etc")
+# And the files bwrap mounts over, in /etc: else bwrap creates them in the upper layer (a kept
+# upper would hold files the sandbox never wrote).
+_FILE_MOUNT_POINTS = ("hosts", "hostname")
 
 
 _PRIVATE_TMPFS = ("/tmp", "/dev/shm")
@@ -111,6 +114,8 @@ def build_system_layer(path: Path, owner: tuple[int, int] | None) -> Path:
             continue  # unreadable on this host (e.g. a private key dir): the sandbox does without
     (etc / "passwd").write_text(_PASSWD)
     (etc / "group").write_text(_GROUP)
+    for name in _FILE_MOUNT_POINTS:  # empty: bwrap mounts each sandbox's own over them
+        (etc / name).touch(mode=0o644)
     os.symlink("/proc/self/mounts", etc / "mtab")
     if owner is not None:
         for dirpath, _dirnames, _files in os.walk(staging):

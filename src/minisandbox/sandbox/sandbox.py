@@ -198,8 +198,9 @@ class Sandbox(FileOperations, SessionOperations):
         self._dir = runtime.process_dir(cfg.runtime_dir) / self.id
         io = dirs.make_runtime_dir(self._dir)
         if cfg.upper is not None:
-            self._upper = Path(os.path.abspath(cfg.upper))
-            self._work = dirs.kept_work_dir(self._upper, self._dir, self.id)
+            upper = Path(os.path.abspath(cfg.upper))
+            self._work = dirs.kept_work_dir(upper, self._dir, self.id)
+            self._upper = upper  # once it is ours to seal at stop
         else:
             self._upper = self._dir / "upper"
             self._work = self._dir / "work"
