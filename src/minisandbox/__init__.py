@@ -20,10 +20,13 @@ _EXPORTS = {
     "Task": "tasks.specs",
     "load_tasks": "tasks.loaders",
     "evaluate": "evaluation.evaluator",
+    "Evaluator": "evaluation.evaluator",
+    "EvalResult": "evaluation.evaluator",
+    "evaluate_many": "evaluation.evaluator",
 }
 
 if TYPE_CHECKING:
-    from minisandbox.evaluation.evaluator import evaluate
+    from minisandbox.evaluation.evaluator import EvalResult, Evaluator, evaluate, evaluate_many
     from minisandbox.sandbox.config import Limits, SandboxConfig
     from minisandbox.sandbox.sandbox import ExecResult, Sandbox
     from minisandbox.sandbox.session import SessionResult, ShellSession
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = [
     "BuildSettings",
     "Builder",
+    "EvalResult",
+    "Evaluator",
     "ExecResult",
     "Limits",
     "Sandbox",
@@ -45,6 +50,7 @@ __all__ = [
     "Task",
     "__version__",
     "evaluate",
+    "evaluate_many",
     "load_tasks",
 ]
 
@@ -55,3 +61,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The lazy exports too (they are module attributes only once asked for)."""
+    return sorted({*globals(), *__all__})

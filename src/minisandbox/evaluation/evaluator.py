@@ -286,7 +286,8 @@ def grade(task: Task, log: str, *, test_exit_code: int | None = None) -> Grade:
 
 class Evaluator:
     """Evaluates patches for tasks, each in a fresh sandbox of its task. `on_phase(task_id,
-    phase)` is told "starting sandbox" and "running tests" (for progress displays)."""
+    phase)` is told "starting sandbox", "applying the patch" and "running tests" (for
+    progress displays)."""
 
     def __init__(
         self,
@@ -311,13 +312,15 @@ class Evaluator:
             if self.on_phase is not None:
                 self.on_phase(task.id, "starting sandbox")
             async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
-                if self.on_phase is not None:
-                    self.on_phase(task.id, "running tests")
                 await self.run_in(sb, self.builder.evaluation_task(task), patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         result.duration_s = round(time.monotonic() - began, 3)
         return result
+
+    def _phase(self, task_id: str, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(task_id, phase)
 
     async def run_in(self, sb: CommandRunner, task: Task, patch: str, result: EvalResult) -> None:
         """The harness's procedure in `sb` (a fresh sandbox of the task): apply `patch`, run
@@ -329,6 +332,7 @@ class Evaluator:
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
         else:
+            self._phase(task.id, "applying the patch")
             await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
             if base is not None:
                 result.tampering += await guard.check_patch(sb, task, PATCH_PATH, patch, base)
@@ -337,6 +341,7 @@ class Evaluator:
                 return
             if base is not None:
                 result.tampering += await guard.check_configs(sb, patch)
+        self._phase(task.id, "running tests")
         grader_env = {}
         if base is not None and runs_pytest(task):
             tox = "tox" in task.test_cmd.split()
