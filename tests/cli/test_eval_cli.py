@@ -465,14 +465,14 @@ def test_eval_progress_on_stderr_per_instance(settings, built, tmp_path: Path) -
     alone); --quiet leaves stderr without them."""
     report = tmp_path / "reports"
     r = _cli(settings, "eval", "examples", "-p", "gold", "--report", str(report), "--json",
-             cwd=tmp_path)  # fmt: skip
+             "--regrade", cwd=tmp_path)  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)  # the whole of stdout: nothing else is written there
     assert summary["resolved_ids"] == EXAMPLES, summary
     for iid in EXAMPLES:
         lines = _progress_lines(r.stderr, iid)
         phases = [line.split(": ", 1)[1] for line in lines[:-1]]
-        assert phases == ["starting sandbox", "running tests"], r.stderr
+        assert phases == ["starting sandbox", "applying the patch", "running tests"], r.stderr
         assert lines[-1].startswith("[") and f"{iid}: resolved (" in lines[-1], r.stderr
     counts = sorted(line.split("]")[0] for line in r.stderr.splitlines() if line.startswith("["))
     assert counts == ["[1/3", "[2/3", "[3/3"], r.stderr

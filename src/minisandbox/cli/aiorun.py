@@ -52,7 +52,11 @@ def run_async(main: Coroutine[Any, Any, T]) -> T:
         finally:
             await _drain(asyncio.current_task())
 
-    return asyncio.run(body())
+    try:
+        return asyncio.run(body())
+    except KeyboardInterrupt:
+        _INTERRUPTED.set()
+        raise
 
 
 async def _drain(me: asyncio.Task[Any] | None) -> None:
@@ -67,3 +71,11 @@ async def _drain(me: asyncio.Task[Any] | None) -> None:
     for t in rest:
         if t.done() and not t.cancelled():
             t.exception()  # retrieved: the command reports the error that ended it
+
+
+_INTERRUPTED = threading.Event()
+
+
+def interrupted() -> bool:
+    """Whether a command's run_async ended by Ctrl-C (its tasks cancelled and awaited)."""
+    return _INTERRUPTED.is_set()

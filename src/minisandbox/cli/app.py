@@ -3,6 +3,7 @@ one-line error exit, a sandbox's configuration, the builder, and loading a datas
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -13,6 +14,7 @@ from minisandbox.cli.oserrors import place
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
     from collections.abc import Iterable, Sequence
 
+    from rich.console import Console
     from rich.table import Table
 
     from minisandbox.sandbox.config import SandboxConfig
@@ -66,43 +68,66 @@ LayerOpt = typer.Option(
     None,
     "--layer",
     "-l",
+    metavar="DIR",
     help="A read-only directory whose content is overlaid at / (repeatable; first is lowest).",
 )
 UpperOpt = typer.Option(
-    None, "--upper", help="Keep everything the sandbox writes in this directory (default: discard)."
+    None,
+    "--upper",
+    metavar="DIR",
+    help="Keep everything the sandbox writes in this directory (default: discard).",
 )
 NetworkOpt = typer.Option(False, "--network", help="Give the sandbox the host's network.")
 RoOpt = typer.Option(
     None,
     "--ro",
+    metavar="DIR",
     help="A host directory to show read-only at its own path, e.g. a Python install (repeatable).",
 )
-WorkdirOpt = typer.Option("/testbed", "--workdir", "-w", help="Working directory inside.")
+WorkdirOpt = typer.Option(
+    "/testbed", "--workdir", "-w", metavar="PATH", help="Working directory inside."
+)
 
 # ---------------------------------------------------------------- a dataset's and store's options
 
 TasksArg = typer.Argument(
-    ..., help="A dataset: `examples` (bundled), a SWE-bench parquet/JSON/JSONL file, a task file."
+    ...,
+    metavar="DATASET",
+    help="A dataset: `examples` (bundled), a SWE-bench parquet/JSON/JSONL file, a task file.",
 )
 StoreOpt = typer.Option(
-    None, "--store", envvar="MINISANDBOX_STORE", help="Layer store directory (shared or local)."
+    None,
+    "--store",
+    envvar="MINISANDBOX_STORE",
+    metavar="DIR",
+    help="Layer store directory (shared or local).",
 )
 CacheOpt = typer.Option(
-    None, "--cache", envvar="MINISANDBOX_CACHE", help="Node cache of unpacked layers."
+    None,
+    "--cache",
+    envvar="MINISANDBOX_CACHE",
+    metavar="DIR",
+    help="Node cache of unpacked layers.",
 )
 MirrorOpt = typer.Option(
     None,
     "--git-mirror",
+    metavar="DIR",
     envvar="MINISANDBOX_GIT_MIRROR",
     help="Directory of git clones named <owner>__<name> (default: clone from GitHub).",
 )
 EnvsOpt = typer.Option(
-    None, "--envs-dir", help="Per-instance conda environment exports (<instance_id>.yml)."
+    None,
+    "--envs-dir",
+    metavar="DIR",
+    help="Per-instance conda environment exports (<instance_id>.yml).",
 )
 QuietOpt = typer.Option(
     False, "--quiet", "-q", help="No progress on stderr (each instance's phases and verdict)."
 )
-IdsOpt = typer.Option(None, "--instance-ids", "-i", help="Only these tasks (repeatable).")
+IdsOpt = typer.Option(
+    None, "--instance-ids", "-i", metavar="ID", help="Only these tasks (repeatable)."
+)
 AbsPathsOpt = typer.Option(
     False,
     "--allow-absolute-paths",
@@ -117,15 +142,72 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def add_columns(table: Table, columns: Sequence[str], ids: Iterable[str] = ()) -> None:
-    """Add `columns` to `table`; the first holds ids (`ids`, the ones it will show), which are
-    never cut: it is as wide as the longest, and other cells fold rather than end in "…"."""
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`n` and `noun`, plural unless n is 1: "1 task", "3 tasks", "2 entries"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def positive_seconds(value: float | None) -> float | None:
+    """A duration option: more than 0 seconds (or not given).
+
+    Raises:
+        typer.BadParameter: it is 0 or less (nothing could run in it), or not a number.
+    """
+    if value is not None and not value > 0:  # `not >`: NaN too
+        raise typer.BadParameter(f"{value:g} seconds: give a duration of more than 0 seconds")
+    return value
+
+
+def add_columns(
+    table: Table, columns: Sequence[str], ids: Iterable[str] = (), wrap: Sequence[str] = ()
+) -> None:
+    """Add `columns` to `table`. The first holds ids (`ids`, the ones it will show): it is as
+    wide as the longest and never cut. Columns named in `wrap` hold free text, which wraps at
+    spaces and folds a word longer than the column; the others hold short values (a status, a
+    size, a date), which wrap only at spaces (see print_table), so a narrow terminal narrows
+    the free text first."""
     id_width = max((len(i) for i in ids), default=0)
     for n, col in enumerate(columns):
         if n == 0:
             table.add_column(col, no_wrap=True, min_width=max(id_width, len(col)))
         else:
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", min_width=_FREE_MIN if col in wrap else None)
+
+
+def print_table(table: Table) -> None:
+    """Print `table` on stdout (out_console) whole: a short value's words are never folded
+    (each column of short values is as wide as its longest word), and a table wider than the
+    terminal first drops its borders and padding, then wraps its free text."""
+    from rich import box
+    from rich.text import Text
+
+    console = out_console()
+    for column in table.columns[1:]:
+        if column.min_width is None:  # short values: as wide as their longest word
+            cells = [column.header, *column.cells]
+            texts = [Text.from_markup(c).plain if isinstance(c, str) else str(c) for c in cells]
+            column.min_width = max((len(w) for t in texts for w in t.split()), default=1)
+    natural = table.__rich_measure__(console, console.options).maximum
+    if natural > console.width:
+        table.box, table.pad_edge, table.show_edge = box.SIMPLE_HEAD, False, False
+        table.padding = (0, 0)  # one space between columns: the box's
+    console.print(table)
+
+
+def out_console() -> Console:
+    """The console for results on stdout. On a terminal, its width; elsewhere (a pipe, a
+    file) unbounded unless COLUMNS says otherwise, so that no cell, id or path is wrapped or
+    cut where nobody reads it on a screen (rich would assume 80 columns)."""
+    from rich.console import Console
+
+    console = Console()
+    if console.is_terminal or os.environ.get("COLUMNS"):  # a width asked for is kept
+        return console
+    return Console(width=_UNBOUNDED, soft_wrap=True)
+
+
+_UNBOUNDED = 10_000
+_FREE_MIN = 16  # columns a free-text column keeps on a narrow terminal
 
 
 def sandbox_config(

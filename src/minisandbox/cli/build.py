@@ -24,6 +24,7 @@ from minisandbox.cli.app import (
     fail,
     load_dataset,
     make_builder,
+    print_table,
 )
 from minisandbox.cli.progress import Progress
 from minisandbox.utils.aio import all_or_none
@@ -38,7 +39,7 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
 def build(
     tasks: str = TasksArg,
     ids: list[str] = IdsOpt,
-    jobs: int = typer.Option(2, "--jobs", "-j", help="Tasks built at once."),
+    jobs: int = typer.Option(2, "--jobs", "-j", min=1, metavar="N", help="Tasks built at once."),
     store: Path = StoreOpt,
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
@@ -191,14 +192,13 @@ def _build_summary(
 
 
 def _build_table(results: list[BuildResult], verdicts: dict[str, Validation] | None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title="build summary")
     columns = ["task", "status", "seconds", "detail"]
     if verdicts is not None:
         columns.append("validation")
-    add_columns(table, columns, [r.task_id for r in results])
+    add_columns(table, columns, [r.task_id for r in results], wrap=("detail", "validation"))
     for r in results:
         colour = {"built": "green", "cached": "cyan", "failed": "red"}[r.status]
         detail = (r.error or "").splitlines()[0][:120] if r.error else (r.task_layer or "")[:12]
@@ -211,7 +211,7 @@ def _build_table(results: list[BuildResult], verdicts: dict[str, Validation] | N
         if verdicts is not None:
             row.append(_verdict_cell(verdicts.get(r.task_id)))
         table.add_row(*row)
-    Console().print(table)
+    print_table(table)
 
 
 def _verdict_cell(v: Validation | None) -> str:

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from minisandbox.cli.app import HELP_MARKUP, CacheOpt, StoreOpt, add_columns
+from minisandbox.cli.app import (
+    HELP_MARKUP,
+    CacheOpt,
+    StoreOpt,
+    add_columns,
+    count,
+    fail,
+    print_table,
+)
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
     from minisandbox.layers.store import LayerStore
@@ -21,10 +29,29 @@ cache_app = typer.Typer(
 
 
 def _store(store: Path | None) -> LayerStore:
+    """The store these commands inspect: the default one (made if missing, as a build would),
+    or the one given, which must be a store already: a typo must not make a new one."""
     from minisandbox.layers.store import LayerStore
     from minisandbox.tasks.builder import BuildSettings
 
+    if store is not None:
+        _check_store(store)
     return LayerStore(store or BuildSettings().store)
+
+
+def _check_store(path: Path) -> None:
+    """Fail (one line, exit 2) unless `path` is a layer store or an empty directory."""
+    fix = "give the store's directory with --store or MINISANDBOX_STORE"
+    if not path.exists():
+        fail(f"{path}: no layer store there (no such directory): {fix}; builds make one")
+    if not path.is_dir():
+        fail(f"{path}: not a layer store (not a directory): {fix}")
+    try:
+        entries = {p.name for p in path.iterdir()}
+    except OSError as e:
+        fail(f"{path}: cannot list it ({e.strerror}): {fix}")
+    if entries and not {"blobs", "refs"} <= entries:
+        fail(f"{path}: not a layer store (it has no blobs/ and refs/): {fix}")
 
 
 JsonOpt = typer.Option(False, "--json", help="Print one JSON value on stdout (sizes in bytes).")
@@ -48,7 +75,6 @@ def _print_json(value: Any) -> None:
 @cache_app.command("ls")
 def cache_ls(store: Path = StoreOpt, json_out: bool = JsonOpt) -> None:
     """List the stored layers: what each is, its unpacked size, what it added to the store."""
-    from rich.console import Console
     from rich.table import Table
 
     s = _store(store)
@@ -75,7 +101,7 @@ def cache_ls(store: Path = StoreOpt, json_out: bool = JsonOpt) -> None:
     table = Table(title=f"layers in {s.root}")
     layers = sorted(s.list(), key=lambda r: r.created)
     columns = ("layer", "kind", "for", "size", "stored", "files", "created")
-    add_columns(table, columns, [ref.id[:12] for ref in layers])
+    add_columns(table, columns, [ref.id[:12] for ref in layers], wrap=("for",))
     for ref in layers:
         meta = ref.meta or {}
         what = meta.get("task") or ", ".join(meta.get("recipe", {}).get("requirements", [])[:3])
@@ -88,7 +114,7 @@ def cache_ls(store: Path = StoreOpt, json_out: bool = JsonOpt) -> None:
             str(ref.files),
             ref.created.strftime("%Y-%m-%d %H:%M"),
         )
-    Console().print(table)
+    print_table(table)
 
 
 @cache_app.command("du")
@@ -102,6 +128,8 @@ def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt, json_out: bool = Js
         settings = settings.model_copy(update={"store": store})
     if cache is not None:
         settings = settings.model_copy(update={"cache": cache})
+    if store is not None:
+        _check_store(store)
     builder = Builder(settings)
     du = builder.store.du()
     usage = builder.cache.usage()
@@ -114,13 +142,14 @@ def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt, json_out: bool = Js
         )
         return
     typer.echo(
-        f"store {builder.store.root}: {du['layers']} layers, {human_size(du['stored_bytes'])} "
+        f"store {builder.store.root}: {count(du['layers'], 'layer')}, "
+        f"{human_size(du['stored_bytes'])} "
         f"stored for {human_size(du['logical_bytes'])} of layer content"
         + (f" (x{du['ratio']})" if du["ratio"] is not None else "")
-        + f", {du['unique_blobs']} blobs"
+        + f", {count(du['unique_blobs'], 'blob')}"
     )
     typer.echo(
-        f"node cache {builder.cache.root}: {usage.layers} layers unpacked, "
+        f"node cache {builder.cache.root}: {count(usage.layers, 'layer')} unpacked, "
         f"{human_size(usage.bytes)} of {human_size(usage.max_bytes)}, "
         f"{len(usage.pinned)} in use"
     )
@@ -167,10 +196,10 @@ def cache_verify(
         raise typer.Exit(1 if problems else 0)
     for p in problems:
         typer.secho(p, fg=typer.colors.RED)
-    typer.echo(f"{len(problems)} problems")
+    typer.echo(count(len(problems), "problem"))
     if report.dropped_refs:
         typer.echo(
-            f"dropped {len(report.dropped_refs)} refs of broken layers: "
+            f"dropped {count(len(report.dropped_refs), 'ref')} of broken layers: "
             "`minisandbox build` rebuilds them"
         )
     raise typer.Exit(1 if problems else 0)
@@ -201,8 +230,9 @@ def cache_gc(store: Path = StoreOpt, json_out: bool = JsonOpt) -> None:
         )
         return
     typer.echo(
-        f"removed {len(report.removed_layers)} layers, {report.removed_blobs} blobs, "
-        f"{report.removed_temps} temp files, {len(swept)} stale build directories; "
+        f"removed {count(len(report.removed_layers), 'layer')}, "
+        f"{count(report.removed_blobs, 'blob')}, {count(report.removed_temps, 'temp file')}, "
+        f"{count(len(swept), 'stale build directory', 'stale build directories')}; "
         f"freed {human_size(freed)}"
     )
     for path, size in swept:

@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING
 import typer
 
 from minisandbox.cli.aiorun import run_async
-from minisandbox.cli.app import CacheOpt, StoreOpt, add_columns, fail, make_builder
+from minisandbox.cli.app import (
+    CacheOpt,
+    StoreOpt,
+    add_columns,
+    count,
+    fail,
+    make_builder,
+    out_console,
+    print_table,
+)
+from minisandbox.cli.progress import Progress
 from minisandbox.utils.aio import all_or_none
 
 if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fast
@@ -20,7 +30,9 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
 
 
 def demo(
-    sandboxes: int = typer.Option(4, "--sandboxes", "-n", help="How many sandboxes to start."),
+    sandboxes: int = typer.Option(
+        4, "--sandboxes", "-n", min=1, metavar="N", help="How many sandboxes to start."
+    ),
     tasks: bool = typer.Option(True, "--tasks/--no-tasks", help="Build and run the examples."),
     store: Path = StoreOpt,
     cache: Path = CacheOpt,
@@ -38,35 +50,39 @@ def demo(
 
 
 async def _demo_tasks(builder: Builder) -> None:
-    from rich.console import Console
     from rich.table import Table
 
+    from minisandbox.errors import TaskBuildError
     from minisandbox.evaluation.evaluator import Evaluator
     from minisandbox.tasks.loaders import load_tasks
 
-    console = Console()
     tasks = load_tasks("examples")
-    with console.status("building the example tasks (once; later runs reuse the layers)"):
-        results = await all_or_none(builder.build(t) for t in tasks)
-    for r in results:
-        if r.status == "failed":
-            raise typer.BadParameter(f"building {r.task_id} failed: {r.error}")
+    progress = Progress(
+        "the example tasks (built once; later runs reuse the layers)", len(tasks), False
+    )
+    with progress:
+        results = await all_or_none(builder.build(t, on_phase=progress.phase) for t in tasks)
+        for r in results:
+            if r.status == "failed":
+                raise TaskBuildError(f"building {r.task_id} failed: {r.error}")
+        evaluator = Evaluator(builder, timeout=600, on_phase=progress.phase)
+        rows = await all_or_none(
+            _demo_task(builder, evaluator, t, r, progress)
+            for t, r in zip(tasks, results, strict=True)
+        )
     table = Table(title="example tasks: each patch graded in a fresh sandbox, as SWE-bench does")
     columns = ("task", "build", "start ms", "reward: no patch", "gold patch", "eval s")
     add_columns(table, columns, [t.id for t in tasks])
-    evaluator = Evaluator(builder, timeout=600)
-    rows = await all_or_none(
-        _demo_task(builder, evaluator, t, r) for t, r in zip(tasks, results, strict=True)
-    )
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    print_table(table)
 
 
 async def _demo_task(
-    builder: Builder, evaluator: Evaluator, task: Task, result: BuildResult
+    builder: Builder, evaluator: Evaluator, task: Task, result: BuildResult, progress: Progress
 ) -> list[str]:
     """The example task's row: its build, a sandbox's start time, and both patches' rewards."""
+    progress.phase(task.id, "unpacking its layers")
     async with builder.sandbox(task):  # first start unpacks the layers on this node
         pass
     began = time.perf_counter()
@@ -75,6 +91,7 @@ async def _demo_task(
         await sb.execute("true")
     empty = await evaluator.evaluate(task, "")
     gold = await evaluator.evaluate(task, task.gold_patch)
+    progress.done(task.id, f"no patch: reward {empty.reward:g}, gold patch: {gold.reward:g}")
 
     def shown(r: EvalResult) -> str:
         colour = "green" if r.reward else "red"
@@ -91,17 +108,16 @@ async def _demo_task(
 
 
 async def _demo_sandboxes(n: int) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    table = Table(title=f"{n} sandboxes, started concurrently")
+    console = out_console()
+    table = Table(title=f"{count(n, 'sandbox', 'sandboxes')}, started concurrently")
     for col in ("sandbox", "start ms", "whoami", "hostname", "sees host home", "net", "session"):
         table.add_column(col)
     rows = await all_or_none(_demo_sandbox(i) for i in range(n))
     for row in rows:
         table.add_row(*row)
-    console.print(table)
+    print_table(table)
     console.print(
         "Each sandbox: its own user, pid, mount, ipc, uts and network namespaces, an overlay "
         "root, a seccomp filter; nothing of your home is visible and nothing it writes "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -20,9 +21,13 @@ from minisandbox.cli.app import (
     StoreOpt,
     TasksArg,
     add_columns,
+    count,
     fail,
     load_dataset,
     make_builder,
+    out_console,
+    positive_seconds,
+    print_table,
 )
 from minisandbox.cli.build import build_all
 from minisandbox.cli.oserrors import explain_os_error, place
@@ -43,24 +48,37 @@ def eval_(
         ...,
         "--predictions",
         "-p",
+        metavar="FILE|gold|empty",
         help="SWE-bench predictions (instance_id, model_name_or_path, model_patch) as a .json "
         "list or object keyed by instance id, or .jsonl; or `gold` (each task's gold patch) or "
         "`empty` (no patch).",
     ),
     ids: list[str] = IdsOpt,
-    jobs: int = typer.Option(2, "--jobs", "-j", help="Instances built and evaluated at once."),
+    jobs: int = typer.Option(
+        2, "--jobs", "-j", min=1, metavar="N", help="Instances built and evaluated at once."
+    ),
     report: Path = typer.Option(
         None,
         "--report",
+        metavar="DIR",
         help="Directory of the reports, laid out as SWE-bench's (default: the run's log "
         "directory, <logs>/run_evaluation/<run id>, with the build logs in <logs>: logs/ beside "
         "the store, ~/.cache/minisandbox/logs unless MINISANDBOX_STORE moves it).",
     ),
-    run_id: str = typer.Option("minisandbox", "--run-id", help="Names the run's summary file."),
-    timeout: float = typer.Option(1800.0, "--timeout", help="Seconds the tests may take."),
+    run_id: str = typer.Option(
+        "minisandbox", "--run-id", metavar="NAME", help="Names the run's summary file."
+    ),
+    timeout: float = typer.Option(
+        1800.0,
+        "--timeout",
+        metavar="SECONDS",
+        callback=positive_seconds,
+        help="Seconds the tests may take (more than 0).",
+    ),
     grading: str = typer.Option(
         "guarded",
         "--grading",
+        metavar="guarded|harness",
         help="`guarded` (the reward: swebench's verdict, and no patch may change what decides "
         "the tests or tamper with the run) or `harness` (exactly SWE-bench's harness, for "
         "comparisons).",
@@ -69,6 +87,12 @@ def eval_(
     cache: Path = CacheOpt,
     mirror: Path = MirrorOpt,
     envs_dir: Path = EnvsOpt,
+    regrade: bool = typer.Option(
+        False,
+        "--regrade",
+        help="Grade every instance again, also those this run id already graded with the same "
+        "task, patch, grading and timeout (by default their results are reused).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="End with one JSON summary line."),
     quiet: bool = QuietOpt,
     allow_abs: bool = AbsPathsOpt,
@@ -81,6 +105,9 @@ def eval_(
     the build logs in <logs> (logs/ beside the store; never the current directory), and
     the same under --report/<model>/<instance_id>/ when --report is given; the run summary
     goes to --report/<model>.<run id>.json at the end (default: the run's log directory).
+    Started again with the same run id, it reuses what that run graded with the same task,
+    patch, grading and timeout (as the harness skips instances with a report; --regrade
+    grades them again), so the summary holds every instance of the run.
     Exits 0 whatever the verdicts; 2 on bad input or when a write fails (disk full, quota,
     read-only, permission): then the run stops, the reports of the instances finished so far
     stay, and no summary is written."""
@@ -109,10 +136,9 @@ def eval_(
         dirs = list(dict.fromkeys([log_dir, report_dir]))  # once each, when they are the same
         for d in dirs:
             _check_writable(d)  # before hours of evaluation, not after
-        results = run_async(
-            _eval_all(builder, loaded, preds, dirs, jobs, (timeout, grading), quiet, written)
-        )
-        _eval_summary(loaded, preds, results, report_dir, log_dir, run_id, json_out)
+        run = _Run(timeout, grading, regrade)
+        results = run_async(_eval_all(builder, loaded, preds, dirs, jobs, run, quiet, written))
+        _eval_summary(loaded, preds, results, (report_dir, log_dir), run, run_id, json_out)
     except MiniSandboxError as e:
         fail(str(e))
     except OSError as e:
@@ -173,13 +199,24 @@ def _check_writable(directory: Path) -> None:
     probe.unlink()
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """How this run grades."""
+
+    timeout: float
+    grading: str
+    regrade: bool
+    reused: list[str] = dataclasses.field(default_factory=list)
+    """The instances whose result this run id had already (filled in as the run goes)."""
+
+
 async def _eval_all(
     builder: Builder,
     tasks: list[Task],
     preds: dict[str, Prediction],
     report_dirs: list[Path],
     jobs: int,
-    timing: tuple[float, str],
+    run: _Run,
     quiet: bool,
     written: list[str],
 ) -> dict[str, EvalResult]:
@@ -190,7 +227,7 @@ async def _eval_all(
     todo = [t for t in tasks if t.id in preds]
     with Progress("evaluating", len(todo), quiet) as progress:
         return await _build_and_eval(
-            builder, todo, preds, report_dirs, jobs, timing, written, progress
+            builder, todo, preds, report_dirs, jobs, run, written, progress
         )
 
 
@@ -200,15 +237,21 @@ async def _build_and_eval(
     preds: dict[str, Prediction],
     report_dirs: list[Path],
     jobs: int,
-    timing: tuple[float, str],
+    run: _Run,
     written: list[str],
     progress: Progress,
 ) -> dict[str, EvalResult]:
     from minisandbox.evaluation.evaluator import EvalResult, Evaluator, Grading, evaluate_many
+    from minisandbox.evaluation.graded import grading_key, save_graded
     from minisandbox.evaluation.predictions import write_instance_report
 
+    keys = {t.id: grading_key(t, preds[t.id].model_patch, run.grading, run.timeout) for t in todo}
+    every, by_id = todo, {t.id: t for t in todo}
+    results = {} if run.regrade else _graded_before(todo, preds, report_dirs[0], keys, progress)
+    reused = set(results)
+    run.reused.extend(results)
+    todo = [t for t in todo if t.id not in reused]
     builds = await build_all(builder, todo, jobs, False, progress, final=False)
-    results: dict[str, EvalResult] = {}
     ready = []
     for t, b in zip(todo, builds, strict=True):
         if b.status == "failed":
@@ -219,45 +262,70 @@ async def _build_and_eval(
             )
         else:
             ready.append(t)
-    by_id = {t.id: t for t in todo}
 
     def write(r: EvalResult) -> None:
         for report_dir in report_dirs:
             write_instance_report(report_dir, by_id[r.instance_id], preds[r.instance_id], r)
+            model = preds[r.instance_id].model_name_or_path
+            save_graded(report_dir, model, keys[r.instance_id], r)
         written.append(r.instance_id)
 
     for r in results.values():
-        write(r)
+        if r.instance_id not in reused or len(report_dirs) > 1:  # --report gets them too
+            write(r)
 
     def done(r: EvalResult) -> None:
         write(r)
         progress.done(r.instance_id, f"{r.status}: {r.reason}" if r.reason else r.status)
 
-    timeout, grading = timing
     evaluated = await evaluate_many(
         Evaluator(
-            builder, timeout=timeout, on_phase=progress.phase, grading=cast(Grading, grading)
+            builder,
+            timeout=run.timeout,
+            on_phase=progress.phase,
+            grading=cast(Grading, run.grading),
         ),
         [(t, preds[t.id].model_patch) for t in ready],
         jobs=jobs,
         on_done=done,
     )
     results.update({r.instance_id: r for r in evaluated})
-    return {t.id: results[t.id] for t in todo}  # in the dataset's order
+    return {t.id: results[t.id] for t in every}  # in the dataset's order
+
+
+def _graded_before(
+    tasks: list[Task],
+    preds: dict[str, Prediction],
+    log_dir: Path,
+    keys: dict[str, str],
+    progress: Progress,
+) -> dict[str, EvalResult]:
+    """What this run id graded before with the same keys (graded.py), each told to progress."""
+    from minisandbox.evaluation.graded import load_graded
+
+    results = {}
+    for t in tasks:
+        before = load_graded(log_dir, preds[t.id].model_name_or_path, t.id, keys[t.id])
+        if before is not None:
+            results[t.id] = before
+            progress.done(t.id, f"{before.status} (graded before in this run: reused)")
+    return results
 
 
 def _eval_summary(
     tasks: list[Task],
     preds: dict[str, Prediction],
     results: dict[str, EvalResult],
-    report_dir: Path,
-    log_dir: Path,
+    where: tuple[Path, Path],
+    run: _Run,
     run_id: str,
     json_out: bool,
 ) -> None:
-    """Write the run summary, then show it: one JSON line with `json_out`, else a table."""
+    """Write the run summary, then show it: one JSON line with `json_out`, else a table.
+    `where`: the report and log directories."""
     from minisandbox.evaluation.predictions import model_dir, run_report, write_file
 
+    report_dir, log_dir = where
     model = next(iter(preds.values())).model_name_or_path
     summary_path = report_dir / f"{model_dir(model)}.{run_id}.json"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -286,37 +354,46 @@ def _eval_summary(
                     "model": model,
                     "report": str(summary_path),
                     "logs": str(log_dir),
+                    "reused_ids": run.reused,
                 }
             )
         )
     else:
-        _eval_table(model, results, by_status, report_dir, log_dir, summary_path)
+        _eval_table(model, results, by_status, (report_dir, log_dir, summary_path), run)
 
 
 def _eval_table(
     model: str,
     results: dict[str, EvalResult],
     by_status: dict[str, list[str]],
-    report_dir: Path,
-    log_dir: Path,
-    summary_path: Path,
+    paths: tuple[Path, Path, Path],
+    run: _Run,
 ) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    report_dir, log_dir, summary_path = paths
+    console = out_console()
     table = Table(title=f"evaluation of {model}")
-    add_columns(table, ("instance", "status", "reward", "seconds", "reason"), results)
+    add_columns(
+        table, ("instance", "status", "reward", "seconds", "reason"), results, wrap=("reason",)
+    )
     for i, r in results.items():
         colour = {"resolved": "green", "unresolved": "yellow", "error": "red"}[r.status]
         reason = r.reason.splitlines()[0][:160] if r.reason else ""
         table.add_row(
             i, f"[{colour}]{r.status}[/{colour}]", f"{r.reward:g}", f"{r.duration_s:.1f}", reason
         )
-    console.print(table)
+    print_table(table)
     console.print(
         f"resolved {len(by_status['resolved'])}/{len(results)}, unresolved "
         f"{len(by_status['unresolved'])}, error {len(by_status['error'])}; "
         f"reports in {report_dir}, summary {summary_path}"
         + (f", logs in {log_dir}" if log_dir != report_dir else "")
+        + (
+            f"; {count(len(run.reused), 'result')} reused from this run id's earlier grading "
+            "(--regrade grades again)"
+            if run.reused
+            else ""
+        ),
+        soft_wrap=True,  # one line the terminal wraps: its paths stay whole, to copy
     )

@@ -64,7 +64,8 @@ class Progress:
         if self.quiet:
             return
         self.finished += 1
-        seconds = time.monotonic() - self._began.pop(task_id, time.monotonic())
+        now = time.monotonic()
+        seconds = now - self._began.pop(task_id, now)  # 0 when no phase came first
         first = verdict.splitlines()[0] if verdict else ""
         text = f"[{self.finished}/{self.total}] {task_id}: {first} ({seconds:.1f} s)"
         if self._live is None:

@@ -31,6 +31,7 @@ from minisandbox.cli.app import (
     fail,
     load_dataset,
     make_builder,
+    positive_seconds,
     sandbox_config,
 )
 
@@ -40,6 +41,9 @@ if TYPE_CHECKING:  # the CLI imports its modules lazily, so that --help stays fa
     from minisandbox.sandbox.terminal import Terminal
 
 
+TaskDatasetOpt = typer.Option(
+    "examples", "--tasks", metavar="DATASET", help="The dataset --task comes from."
+)
 RawTerminalOpt = typer.Option(
     False,
     "--raw-terminal",
@@ -54,8 +58,10 @@ def shell(
     network: bool = NetworkOpt,
     ro: list[Path] = RoOpt,
     workdir: str = WorkdirOpt,
-    task: str = typer.Option(None, "--task", help="Open the environment of this task instead."),
-    tasks: str = typer.Option("examples", "--tasks", help="The dataset --task comes from."),
+    task: str = typer.Option(
+        None, "--task", metavar="ID", help="Open the environment of this task instead."
+    ),
+    tasks: str = TaskDatasetOpt,
     envs_dir: Path = EnvsOpt,
     store: Path = StoreOpt,
     cache: Path = CacheOpt,
@@ -308,17 +314,26 @@ async def _relay(term: Terminal, screen: Callable[[bytes], bytes]) -> None:
 
 
 def exec_(
-    command: list[str] = typer.Argument(..., help="The command and its arguments, after --."),
+    command: list[str] = typer.Argument(
+        ..., metavar="COMMAND", help="The command and its arguments, after --."
+    ),
     layer: list[Path] = LayerOpt,
     upper: Path = UpperOpt,
     network: bool = NetworkOpt,
     ro: list[Path] = RoOpt,
     workdir: str = WorkdirOpt,
     timeout: float = typer.Option(
-        None, "--timeout", "-t", help="Kill the command after this many seconds (exit code 124)."
+        None,
+        "--timeout",
+        "-t",
+        metavar="SECONDS",
+        callback=positive_seconds,
+        help="Kill the command after this many seconds (exit code 124).",
     ),
-    task: str = typer.Option(None, "--task", help="Run it in this task's environment instead."),
-    tasks: str = typer.Option("examples", "--tasks", help="The dataset --task comes from."),
+    task: str = typer.Option(
+        None, "--task", metavar="ID", help="Run it in this task's environment instead."
+    ),
+    tasks: str = TaskDatasetOpt,
     envs_dir: Path = EnvsOpt,
     store: Path = StoreOpt,
     cache: Path = CacheOpt,

@@ -13,8 +13,10 @@ from minisandbox.cli.app import (
     IdsOpt,
     TasksArg,
     add_columns,
+    count,
     fail,
     load_dataset,
+    print_table,
 )
 
 
@@ -25,8 +27,8 @@ def tasks_(
     json_out: bool = typer.Option(False, "--json", help="One JSON object per task."),
     allow_abs: bool = AbsPathsOpt,
 ) -> None:
-    """List a dataset's tasks."""
-    from rich.console import Console
+    """List a dataset's tasks: id, repository, base commit, Python, and how many failing tests
+    each must fix (with --json, also how many packages its environment pins)."""
     from rich.table import Table
 
     from minisandbox.errors import MiniSandboxError
@@ -45,20 +47,15 @@ def tasks_(
                         "base_commit": t.base_commit,
                         "python": t.env.python,
                         "fail_to_pass": len(t.fail_to_pass),
+                        "packages": len(t.env.requirements),
                     }
                 )
             )
         return
-    table = Table(title=f"{len(loaded)} tasks in {tasks}")
-    columns = ("id", "repo", "base commit", "python", "requirements", "FAIL_TO_PASS")
-    add_columns(table, columns, [t.id for t in loaded])
+    table = Table(title=f"{count(len(loaded), 'task')} in {tasks}")
+    # What fits 80 columns whole; --json has more (the packages of the environment).
+    columns = ("id", "repo", "base commit", "python", "failing")
+    add_columns(table, columns, [t.id for t in loaded], wrap=("repo",))
     for t in loaded:
-        table.add_row(
-            t.id,
-            t.repo,
-            t.base_commit[:10],
-            t.env.python,
-            str(len(t.env.requirements)),
-            str(len(t.fail_to_pass)),
-        )
-    Console().print(table)
+        table.add_row(t.id, t.repo, t.base_commit[:10], t.env.python, str(len(t.fail_to_pass)))
+    print_table(table)
