@@ -6,7 +6,8 @@
   may live where it cannot go, e.g. a pyenv under /root).
 
 Also the subprocess's entry point: `python attack_harness.py <attack>` reads the AttackContext
-as JSON on stdin and prints one JSON line: the Outcome.
+as JSON on stdin and prints one JSON line, the Outcome; `python attack_harness.py --serve` does
+so for one {"name", "ctx"} request a line, for as long as its stdin is open.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -22,6 +25,7 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -118,11 +122,17 @@ class UidRunner:
         self.uid = uid
         self.repo = repo
         self.base = Path(tempfile.mkdtemp(prefix="msb-attack-uid-"))
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stderr: Any = None
+        self._key: tuple[str, str] | None = None
         try:
             os.chmod(self.base, 0o755)  # the uid runs the venv from here
             self.home = self.base / "home"
             self.home.mkdir(mode=0o700)
             os.chown(self.home, uid, uid)
+            self.tmp = self.base / "tmp"  # its TMPDIR: its runtime directories go with base
+            self.tmp.mkdir(mode=0o700)
+            os.chown(self.tmp, uid, uid)
             self._build_venv()
         except BaseException:
             self.close()
@@ -153,45 +163,94 @@ class UidRunner:
         os.chown(path, self.uid, self.uid)
         return path
 
-    def run(self, name: str, ctx: AttackContext, timeout: float = ATTACK_TIMEOUT) -> Outcome:
-        env = {
-            "PATH": HOST_PATH,
-            "HOME": str(self.home),
-            "LANG": "C.UTF-8",
-            ctx.env_secret_name: ctx.env_secret_value,
-        }
-        if "MINISANDBOX_BWRAP" in os.environ:
-            env["MINISANDBOX_BWRAP"] = os.environ["MINISANDBOX_BWRAP"]
-        argv = [*_setpriv(self.uid), self.python, "-E", "-s", __file__, name]
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            cwd=self.home,
-            start_new_session=True,  # so that a timeout can kill all of it
-        )
-        try:
-            out, err = proc.communicate(ctx.model_dump_json().encode(), timeout=timeout + 10)
-        except subprocess.TimeoutExpired:
+    def _worker(self, ctx: AttackContext) -> subprocess.Popen[bytes]:
+        """The uid's worker process (`attack_harness.py --serve`), started on first use and
+        again after one was killed: one interpreter for every attack, as the root caller's
+        attacks share pytest's (an interpreter's start and imports per attack cost a minute)."""
+        key = (ctx.env_secret_name, ctx.env_secret_value)
+        if self._proc is not None and (self._proc.poll() is not None or self._key != key):
+            self._stop_worker()
+        if self._proc is None:
+            env = {
+                "PATH": HOST_PATH,
+                "HOME": str(self.home),
+                "TMPDIR": str(self.tmp),
+                "LANG": "C.UTF-8",
+                ctx.env_secret_name: ctx.env_secret_value,
+            }
+            if "MINISANDBOX_BWRAP" in os.environ:
+                env["MINISANDBOX_BWRAP"] = os.environ["MINISANDBOX_BWRAP"]
+            self._stderr = tempfile.TemporaryFile(dir=self.base)  # noqa: SIM115 (closed in _stop_worker)
+            self._proc = subprocess.Popen(
+                [*_setpriv(self.uid), self.python, "-E", "-s", __file__, "--serve"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=self._stderr,
+                env=env,
+                cwd=self.home,
+                start_new_session=True,  # so that a timeout can kill all of it
+            )
+            self._key = key
+        return self._proc
+
+    def _stderr_tail(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0, os.SEEK_END)
+        self._stderr.seek(max(0, self._stderr.tell() - 3000))
+        return self._stderr.read().decode(errors="replace")
+
+    def _stop_worker(self) -> None:
+        if self._proc is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            return Outcome(ok=False, error=f"timed out after {timeout} s; stderr: {err[-3000:]!r}")
-        lines = out.decode(errors="replace").strip().splitlines()
-        if not lines or not lines[-1].startswith("{"):
-            tail = (out + err).decode(errors="replace")[-3000:]
-            return Outcome(ok=False, error=f"uid {self.uid} runner exit {proc.returncode}: {tail}")
-        return Outcome.model_validate_json(lines[-1])
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        if self._stderr is not None:
+            self._stderr.close()
+        self._proc, self._stderr = None, None
+
+    def run(self, name: str, ctx: AttackContext, timeout: float = ATTACK_TIMEOUT) -> Outcome:
+        proc = self._worker(ctx)
+        assert proc.stdin is not None and proc.stdout is not None
+        request = json.dumps({"name": name, "ctx": ctx.model_dump(mode="json")}) + "\n"
+        try:
+            proc.stdin.write(request.encode())
+            proc.stdin.flush()
+        except OSError:
+            tail = self._stderr_tail()
+            self._stop_worker()
+            return Outcome(ok=False, error=f"uid {self.uid} worker gone: {tail}")
+        ready, _, _ = select.select([proc.stdout], [], [], timeout + 30)
+        line = proc.stdout.readline() if ready else b""
+        if not line.startswith(b"{"):
+            why = "timed out" if not ready else f"exit {proc.poll()}"
+            tail = self._stderr_tail()
+            self._stop_worker()  # killed with everything it started: the next attack gets anew
+            return Outcome(ok=False, error=f"uid {self.uid} worker {why}: stderr: {tail}")
+        return Outcome.model_validate_json(line)
 
     def close(self) -> None:
+        self._stop_worker()
         remove_tree(self.base)  # copes with the mode-000 dirs overlayfs leaves behind
 
 
 def main() -> None:
-    ctx = AttackContext.model_validate_json(sys.stdin.read())
-    print(run_in_process(sys.argv[1], ctx).model_dump_json(), flush=True)
+    if sys.argv[1:] != ["--serve"]:
+        ctx = AttackContext.model_validate_json(sys.stdin.read())
+        print(run_in_process(sys.argv[1], ctx).model_dump_json(), flush=True)
+        return
+    # A worker: one request a line, one Outcome a line. What attacks print goes to stderr, so
+    # that stdout carries nothing but the answers.
+    answers = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        request = json.loads(line)
+        ctx = AttackContext.model_validate(request["ctx"])
+        answers.write(run_in_process(request["name"], ctx).model_dump_json() + "\n")
+        answers.flush()
 
 
 if __name__ == "__main__":

@@ -144,6 +144,7 @@ async def test_unpacks_stay_within_each_nodes_budget_and_happen_once_per_node(
     assert stats["misses"] >= unpacked
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_starts_of_one_task_at_once_unpack_its_layers_on_one_node(
     settings: BuildSettings, tasks: list[Task], nodes: Nodes
 ) -> None:
@@ -209,6 +210,7 @@ async def test_gold_patches_resolve_and_empty_ones_do_not(
     assert [r.reward for r in empty] == [0.0] * 3
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_nodes_that_do_not_see_the_store_get_layers_through_ray(
     settings: BuildSettings, tasks: list[Task], nodes: Nodes, tmp_path: Path
 ) -> None:
@@ -288,6 +290,7 @@ async def test_no_node_is_given_more_sandboxes_than_its_capacity(
 # --------------------------------------------------------------------------- nodes joining
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_a_node_that_joins_later_gets_a_request_waiting_for_a_slot(
     settings: BuildSettings, nodes: Nodes, tasks: list[Task]
 ) -> None:
@@ -336,6 +339,7 @@ async def pool_with_a_node_to_lose(
         await pool.close()
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
     settings: BuildSettings, nodes: Nodes, tasks: list[Task]
 ) -> None:
@@ -366,6 +370,7 @@ async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
         assert all(s["open"] == 0 for s in stats["nodes"].values())
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_an_episode_retries_elsewhere_when_asked(
     settings: BuildSettings, nodes: Nodes, tasks: list[Task]
 ) -> None:
@@ -390,6 +395,7 @@ async def test_an_episode_retries_elsewhere_when_asked(
         assert result.reward == 1.0
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_drivers_share_the_nodes_slots_and_a_cancelled_start_leaves_nothing(
     settings: BuildSettings, nodes: Nodes, tasks: list[Task]
 ) -> None:
@@ -495,6 +501,7 @@ def pool_starts(builder: Builder) -> int:
     return int(stats["hits"] + stats["misses"])
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 async def test_swerex_deployment_on_the_pool(
     nodes: Nodes, store_env: None, tasks: list[Task], tmp_path: Path
 ) -> None:
@@ -544,6 +551,7 @@ async def test_swerex_deployment_on_the_pool(
         await d.stop()
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 def test_skyrl_rollout_and_environment_on_the_pool(
     nodes: Nodes, settings: BuildSettings, store_env: None, tasks: list[Task]
 ) -> None:
@@ -584,6 +592,7 @@ def test_skyrl_rollout_and_environment_on_the_pool(
 # --------------------------------------------------------------------------- last: loses a node
 
 
+@pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
 def test_a_rollout_whose_node_is_lost_ends_with_that_error(
     nodes: Nodes, settings: BuildSettings, store_env: None, tasks: list[Task]
 ) -> None:
