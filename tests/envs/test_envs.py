@@ -144,3 +144,32 @@ def test_old_sdists_build_with_the_recipes_setuptools(
             return r.stdout.split()
 
     assert asyncio.run(run()) == ["1.0", setuptools]
+
+
+async def test_a_build_sees_the_ca_bundle_the_host_names(
+    settings: BuildSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Behind a TLS-intercepting proxy the host names its CA in SSL_CERT_FILE (or pip's
+    PIP_CERT...): a file the build sandbox cannot see. The build gets a copy, and its env
+    names the copy, for uv, pip, requests and git alike."""
+    from minisandbox.envs.layerbuild import BUILD_CA, install_host_ca
+    from minisandbox.sandbox.sandbox import Sandbox
+
+    builder = Builder(settings)
+    interp = builder.find_interpreter("3.11")
+    ca = tmp_path / "corporate-ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\nour proxy's CA\n-----END CERTIFICATE-----\n")
+    ca.chmod(0o600)  # readable by the caller only: the sandbox could not open the host's file
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+    config = builder.build_config(interp, upper=tmp_path / "upper")
+    assert {config.env[v] for v in ("SSL_CERT_FILE", "PIP_CERT", "GIT_SSL_CAINFO")} == {BUILD_CA}
+    async with Sandbox(config) as sb:
+        await install_host_ca(sb)
+        r = await sb.execute('cat "$SSL_CERT_FILE" "$REQUESTS_CA_BUNDLE"')
+    assert r.exit_code == 0 and r.stdout == ca.read_text() * 2, r
+    assert not (tmp_path / "upper" / BUILD_CA.lstrip("/")).exists()  # /tmp: never in a layer
+    # Positive control: without one named, the build's env names none.
+    monkeypatch.delenv("SSL_CERT_FILE")
+    for var in ("REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO"):
+        monkeypatch.delenv(var, raising=False)
+    assert "SSL_CERT_FILE" not in builder.build_config(interp, upper=tmp_path / "u2").env

@@ -89,11 +89,42 @@ _NOISE = (
 
 
 def _host_build_env() -> dict[str, str]:
-    return {
+    env = {
         k: v
         for k, v in os.environ.items()
         if (k in _BUILD_ENV_NAMES or k.startswith(_BUILD_ENV_PREFIXES)) and k not in _BUILD_ENV_OWN
     }
+    if host_ca() is not None:  # the host's CA bundle, where the build sandbox has its copy
+        env.update(dict.fromkeys(_CA_VARS, BUILD_CA))
+    return env
+
+
+# The variables that name a CA bundle (a TLS-intercepting proxy's CA), first one set wins; the
+# file they name is on the host, out of the build sandbox's sight: a copy goes to BUILD_CA, on
+# the sandbox's /tmp (a tmpfs, never part of a layer).
+_CA_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "PIP_CERT", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
+BUILD_CA = "/tmp/minisandbox-host-ca.pem"
+_CA_MAX_BYTES = 16 << 20
+
+
+def host_ca() -> bytes | None:
+    """The CA bundle the host's environment names (None: none, or not a readable file)."""
+    for var in _CA_VARS:
+        path = os.environ.get(var)
+        if path and os.path.isfile(path):
+            try:
+                with open(path, "rb") as f:
+                    return f.read(_CA_MAX_BYTES)
+            except OSError:
+                return None
+    return None
+
+
+async def install_host_ca(sb: Sandbox) -> None:
+    """Put the host's CA bundle (if it names one) where the build's env says it is."""
+    ca = host_ca()
+    if ca is not None:
+        await sb.write_file(BUILD_CA, ca)
 
 
 @dataclass
@@ -263,6 +294,7 @@ class LayerBuilder:
             async with self.cache.use(build.lower) as paths:
                 config = self.build_config(build.interp, upper=upper, layers=paths)
                 async with Sandbox(config) as sb:
+                    await install_host_ca(sb)
                     extra = await build.run(sb) or {}
             if build.collect is None:
                 tree = _clean_upper(upper, config.ro_paths)
