@@ -189,6 +189,29 @@ async def test_published_swebench_script_runs_unchanged(evaluator: Evaluator, ta
     assert "+ return" not in r.log  # the exit-status hook leaves no trace in the log
 
 
+async def test_an_eval_script_that_pins_the_runner_resolves(
+    settings: BuildSettings, built: list, task: Task
+) -> None:
+    """astropy 3.1's eval script installs `pytest<7.2` before its tests. Guarded grading makes
+    the runner read-only: the script's own install then failed half-way (pytest's command
+    removed, "pytest: command not found", gold unresolved). The pin is installed first."""
+    ours = make_eval_script(task).split("\n", 2)[2]
+    pin = "python -m pip install -q 'pytest<8.3'"
+    marker = ": '>>>>> Start Test Output'"
+    assert marker in ours
+    script = "#!/bin/bash\nset -uxo pipefail\n" + ours.replace(marker, f"{pin}\n{marker}", 1)
+    pinned = task.model_copy(update={"id": "examples__semverkit-pin", "eval_script": script})
+    builder = Builder(settings)
+    built_pinned = await builder.build(pinned)
+    assert built_pinned.status == "built", built_pinned.error
+    for grading in ("guarded", "harness"):
+        r = await Evaluator(builder, timeout=120, grading=grading).evaluate(
+            pinned, pinned.gold_patch
+        )
+        assert r.status == "resolved" and not r.tampering, (grading, r.reason, r.log[-3000:])
+        assert "pytest-8.2" in r.log or "pytest 8.2" in r.log, r.log[-3000:]  # the pin held
+
+
 # ---------------------------------------------------------------- grading a log
 
 

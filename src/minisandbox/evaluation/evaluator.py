@@ -328,7 +328,10 @@ class Evaluator:
         grading adds its checks (evaluation.guard) around it; whatever they find, the tests
         still run, so that `swebench_resolved` is the harness's verdict on the same patch."""
         result.grading = self.grading
-        base = await guard.base_state(sb, task) if self.grading == "guarded" else None
+        base = None
+        if self.grading == "guarded":
+            await guard.install_runner_pins(sb, task, EVAL_ENV)
+            base = await guard.base_state(sb, task)
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
         else:

@@ -20,6 +20,8 @@ import shlex
 import sys
 from collections.abc import Callable
 
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from pydantic import BaseModel, Field
 
 from minisandbox.errors import SandboxFileError
@@ -39,6 +41,7 @@ from minisandbox.evaluation.tampering import (
     check_pytest_run,
     check_sympy_run,
 )
+from minisandbox.tasks.eval_script import eval_pip_requirements
 from minisandbox.tasks.patches import PatchedFile, patched_files, unquote_path
 from minisandbox.tasks.specs import Task, files_in_patch
 from minisandbox.utils.resources import package_text
@@ -46,6 +49,28 @@ from minisandbox.utils.resources import package_text
 _CONFIG_MAX_BYTES = 4 << 20
 # The runner's packages in site-packages, made read-only beside the plugin.
 _RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "py", "pytest.py", "py.py")
+
+
+# Their distributions, which an eval script may pin (astropy 3.1's `pip install 'pytest<7.2'`).
+_RUNNER_DISTRIBUTIONS = {"pytest", "pluggy", "py"}
+
+
+async def install_runner_pins(sb: CommandRunner, task: Task, env: dict[str, str]) -> None:
+    """Install the eval script's own pins of the runner now (from the wheelhouse, as the
+    script's install would), before anything of the patch and before the runner is made
+    read-only: the script's install is then a no-op, where it used to fail half-way (pip had
+    removed pytest's command before it met the read-only package: "pytest: command not
+    found"). A pin that does not install is left to the script, which fails the same way.
+    `env`: evaluation's offline pip settings."""
+    pins = [
+        r
+        for r in eval_pip_requirements(task.eval_script or "")
+        if canonicalize_name(Requirement(r).name) in _RUNNER_DISTRIBUTIONS
+    ]
+    if pins:
+        await sb.execute(
+            ["python", "-m", "pip", "install", "-q", *pins], cwd="/testbed", env=env, timeout=600
+        )
 
 
 class BaseState(BaseModel):
