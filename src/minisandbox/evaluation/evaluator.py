@@ -42,6 +42,7 @@ from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import all_or_none
+from minisandbox.utils.swebench_imports import swebench_grading
 
 # The harness's ways of applying a patch, in its order (swebench.harness.run_evaluation).
 APPLY_COMMANDS = (
@@ -164,19 +165,20 @@ class EvalResult(BaseModel):
 
 def _swebench() -> SimpleNamespace:
     try:
-        from swebench.harness import grading, log_parsers
-        from swebench.harness.constants import FAIL_ONLY_REPOS, EvalType, ResolvedStatus
+        light = swebench_grading()
     except ImportError as e:
         raise GradingError(
             f"evaluation uses swebench's log parsers and grading, which did not import ({e}): "
             "pip install 'swebench>=4.1'"
         ) from None
+    constants = light.constants
     return SimpleNamespace(
-        grading=grading,
-        log_parsers=log_parsers,
-        FAIL_ONLY_REPOS=FAIL_ONLY_REPOS,
-        EvalType=EvalType,
-        ResolvedStatus=ResolvedStatus,
+        grading=light.grading,
+        python_parsers=light.python_parsers,
+        MAP_REPO_TO_PARSER=light.MAP_REPO_TO_PARSER,
+        FAIL_ONLY_REPOS=constants.FAIL_ONLY_REPOS,
+        EvalType=constants.EvalType,
+        ResolvedStatus=constants.ResolvedStatus,
     )
 
 
@@ -187,17 +189,17 @@ def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
         return swesmith_log_parser(task)
     sb = _swebench()
     name = f"parse_log_{task.log_parser.removeprefix('parse_log_')}"
-    fn = None
-    for module_name in ("python", "javascript", "go", "java", "c", "php", "ruby", "rust"):
-        try:
+    fn = getattr(sb.python_parsers, name, None)
+    for module_name in ("javascript", "go", "java", "c", "php", "ruby", "rust"):
+        if fn is not None:
+            break
+        try:  # (the whole of swebench, imported only for another language's parser)
             module = importlib.import_module(f"swebench.harness.log_parsers.{module_name}")
         except ImportError:  # a language this swebench version does not have
             continue
         fn = getattr(module, name, None)
-        if fn is not None:
-            break
     if fn is None:
-        fn = sb.log_parsers.MAP_REPO_TO_PARSER.get(task.repo)
+        fn = sb.MAP_REPO_TO_PARSER.get(task.repo)
     if fn is None:
         raise GradingError(f"task {task.id}: swebench has no log parser {name!r}")
     # Parsers take the test spec; the Python ones do not read it, the others read these fields.
