@@ -88,3 +88,32 @@ def test_policy_names_and_ports() -> None:
     assert not policy.allows("evilgithubusercontent.com", 443)
     assert not policy.allows("pypi.org", 22) and not policy.allows("pypi.org.evil.com", 443)
     assert policy.allows("10.0.0.5", 3141) and not policy.allows("10.0.0.5", 80)
+
+
+async def test_a_connection_open_at_stop_logs_no_error(caplog: pytest.LogCaptureFixture) -> None:
+    """A build step that ends with a request in flight through the proxy: closing the proxy
+    cancels the connection's task, which asyncio's server callback (3.11) logged as an ERROR
+    with a CancelledError traceback after builds. The host side alone, on a real socket."""
+    import asyncio
+    import logging
+    import socket
+
+    from minisandbox.sandbox.egress import EgressProxy
+
+    caplog.set_level(logging.ERROR, logger="asyncio")
+    listener = socket.create_server(("127.0.0.1", 0))
+    proxy = EgressProxy(EgressPolicy(hosts=("pypi.org",)), listener, "test")
+    await proxy.start()
+    _reader, writer = await asyncio.open_connection(*listener.getsockname()[:2])
+    writer.write(b"CONNECT pypi.org:443 HTTP/1.1\r\n")  # a head that never ends
+    await writer.drain()
+    for _ in range(100):  # until the proxy's task waits on the rest of the head
+        if proxy._tasks:
+            break
+        await asyncio.sleep(0.05)
+    assert proxy._tasks, "the proxy never took the connection (positive control)"
+    await proxy.close()
+    await asyncio.sleep(0.1)  # the done-callbacks run on the next turns
+    writer.close()
+    errors = [rec.getMessage() for rec in caplog.records if rec.levelno >= logging.ERROR]
+    assert not errors, errors
