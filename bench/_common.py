@@ -52,6 +52,25 @@ def dataset_records(dataset: Path) -> list[dict[str, Any]]:
     return list(json.loads(dataset.read_text()))
 
 
+def portable(value: Any, places: dict[Path | None, str]) -> Any:
+    """`value` with each of `places`' directories (this machine's) named by its placeholder in
+    every string, longest first: results under bench/results/ name no machine's paths."""
+    pairs = sorted(((str(p), name) for p, name in places.items() if p), key=lambda x: -len(x[0]))
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, str):
+            for path, name in pairs:
+                v = v.replace(path, name)
+            return v
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [fix(x) for x in v]
+        return v
+
+    return fix(value)
+
+
 def host_info() -> dict[str, Any]:
     """What the numbers depend on. The load average shows whether other work shared the CPUs."""
     return {

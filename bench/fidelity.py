@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import dataset_records, host_info, log, percentile, run_main
+from _common import dataset_records, host_info, log, percentile, portable, run_main
 
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
 from minisandbox.tasks.builder import Builder, BuildResult, BuildSettings
@@ -119,9 +119,9 @@ async def main() -> dict[str, Any]:
                 out = await run_task(builder, evaluator, task, args.logs)
             except Exception as e:  # one task's crash must not hide the others' results
                 out = {"failure": f"{type(e).__name__}: {e}"}
-        g, e = out.get("gold", {}), out.get("empty", {})
+        g, em = out.get("gold", {}), out.get("empty", {})
         log(
-            f"{task.id}: gold {g.get('status', '-')} empty {e.get('status', '-')}"
+            f"{task.id}: gold {g.get('status', '-')} empty {em.get('status', '-')}"
             + (f" FAILURE {out['failure']}" if "failure" in out else "")
         )
         return out
@@ -141,7 +141,7 @@ async def main() -> dict[str, Any]:
         for tid, r in results.items()
         if "gold" in r and r["gold"]["resolved"] != r["gold"]["swebench_resolved"]
     }
-    return {
+    summary = {
         "instances": n,
         "gold_resolved": gold_ok,
         "empty_resolved": empty_ok,
@@ -167,6 +167,14 @@ async def main() -> dict[str, Any]:
         "per_instance": results,
         "host": host_info(),
     }
+    places = {
+        work: "<work-dir>",
+        settings.store: "<store>",
+        settings.cache: "<cache>",
+        args.git_mirror: "<git-mirror>",
+        args.logs: "<logs>",
+    }
+    return portable(summary, places)
 
 
 def _by_repo(tasks: list[Task], results: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
