@@ -49,6 +49,9 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.stash[_JANITOR] = janitor
     tempfile.tempdir = str(session)
+    # Child processes too (the CLI runs, Ray's nodes and their agents): their runtime
+    # directories are then the session's, which tests look into and the janitor removes.
+    os.environ["TMPDIR"] = str(session)
     if config.option.basetemp is None:
         config.option.basetemp = str(session / "pytest")
 
@@ -96,10 +99,10 @@ def give_to_sandbox(path: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def home() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="msb-build-"))
-    yield path
-    fast_remove(path)
+def home() -> Path:
+    # Not removed here: the janitor removes it with the session's directory once the run has
+    # ended (its tens of thousands of files took 40 s of the run's wall time under load).
+    return Path(tempfile.mkdtemp(prefix="msb-build-"))
 
 
 @pytest.fixture(scope="session")

@@ -295,8 +295,34 @@ def contexts(
         remove_tree(directory)
 
 
-@pytest.mark.parametrize("caller", CALLERS)
-@pytest.mark.parametrize("name", list(ATTACKS))
+# The slowest attacks (10-60 s each, on a loaded machine) that do not depend on who the caller
+# is run as root by default (CI's caller) and as the unprivileged caller in the slow set.
+SLOW_UNPRIVILEGED = {
+    "sigkill_during_start",
+    "eval_status_file_to_dev_zero",
+    "upper_inode_flood",
+    "upper_outrun_slow_scan",
+    "build_cleanup_through_planted_symlink",
+    "report_outside_report_dir_via_model_name",
+}
+
+
+def _cases() -> list:
+    return [
+        pytest.param(
+            name,
+            caller,
+            marks=[pytest.mark.slow]
+            if caller == "unprivileged" and name in SLOW_UNPRIVILEGED
+            else [],
+            id=f"{name}-{caller}",
+        )
+        for name in ATTACKS
+        for caller in CALLERS
+    ]
+
+
+@pytest.mark.parametrize(("name", "caller"), _cases())
 def test_attack(
     name: str,
     caller: str,

@@ -256,18 +256,21 @@ def test_a_run_id_keeps_what_it_graded(
     settings: BuildSettings, built: list, tmp_path: Path
 ) -> None:
     run = ["eval", "examples", "-p", "gold", "--run-id", "newcomer-rerun", "--json"]
-    first = _last_json(_cli(settings, *run, "--regrade", cwd=tmp_path))
-    assert (first["resolved"], first["reused_ids"]) == (3, [])
-    again = _cli(settings, *run, cwd=tmp_path)
-    second = _last_json(again)
-    assert (second["resolved"], sorted(second["reused_ids"])) == (3, sorted(EXAMPLES))
+    one = ["-i", EXAMPLES[0]]
+    first = _last_json(_cli(settings, *run, *one, "--regrade", cwd=tmp_path))
+    assert (first["resolved"], first["reused_ids"]) == (1, [])
+    again = _cli(settings, *run, *one, cwd=tmp_path)
+    assert _last_json(again)["reused_ids"] == [EXAMPLES[0]]
     assert "graded before in this run: reused" in again.stderr
-    summary = json.loads(Path(second["report"]).read_text())
+    # All three: the one graded before is reused, the others are graded; the summary has all.
+    every = _last_json(_cli(settings, *run, cwd=tmp_path))
+    assert (every["resolved"], every["reused_ids"]) == (3, [EXAMPLES[0]])
+    summary = json.loads(Path(every["report"]).read_text())
     assert summary["resolved_instances"] == 3
-    # Other settings are graded again, never reused.
-    other = _last_json(_cli(settings, *run, "--timeout", "900", cwd=tmp_path))
-    assert (other["resolved"], other["reused_ids"]) == (3, [])
-    regraded = _last_json(_cli(settings, *run, "--timeout", "900", "--regrade", cwd=tmp_path))
+    # Other settings are graded again, never reused; nor is anything under --regrade.
+    other = _last_json(_cli(settings, *run, *one, "--timeout", "900", cwd=tmp_path))
+    assert (other["resolved"], other["reused_ids"]) == (1, [])
+    regraded = _last_json(_cli(settings, *run, *one, "--timeout", "900", "--regrade", cwd=tmp_path))
     assert regraded["reused_ids"] == []
 
 

@@ -388,7 +388,7 @@ def _one_clear_line(r: Any, path: Path) -> str:
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
-@pytest.mark.parametrize("caller", ["root", "unprivileged"])
+@pytest.mark.parametrize("caller", ["root", pytest.param("unprivileged", marks=pytest.mark.slow)])
 def test_eval_on_a_full_report_disk(settings, built, caller: str, uid_runner) -> None:  # type: ignore[no-untyped-def]
     """The reports' disk fills up after the first instance: one line naming the file and the
     fix, exit 2, the finished instance's report whole on disk, nothing half-written, no
@@ -428,7 +428,7 @@ def test_eval_on_a_full_report_disk(settings, built, caller: str, uid_runner) ->
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
-@pytest.mark.parametrize("caller", ["root", "unprivileged"])
+@pytest.mark.parametrize("caller", ["root", pytest.param("unprivileged", marks=pytest.mark.slow)])
 def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner, request) -> None:  # type: ignore[no-untyped-def]
     """The store and node cache on a disk too small to unpack the layers: evaluations fail
     mid-start, in parallel; one line, exit 2, and the CLI ends (no hang, no tracebacks of the

@@ -68,7 +68,13 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
     # short for its sockets and removed after: $RAY_TMPDIR, which Ray's nodes inherit. (Ray
     # writes the address to $RAY_TMPDIR/ray even when told another temp_dir, and fails where
     # that does not exist: /tmp/ray on a fresh machine.)
-    ray_dir = tempfile.mkdtemp(prefix="msb-ray-")
+    # Ray adds ray/session_<date>_<time>_<pid>/sockets/plasma_store.1 (~70 bytes) and refuses
+    # a socket path over 107: a short name in the session's directory, or else in /tmp with a
+    # name the next session's sweep recognises.
+    ray_dir = tempfile.mkdtemp(prefix="r")
+    if len(ray_dir) > 36:
+        os.rmdir(ray_dir)
+        ray_dir = tempfile.mkdtemp(prefix=f"msbs{os.getpid()}-r", dir="/tmp")
     old_tmpdir = os.environ.get("RAY_TMPDIR")
     os.environ["RAY_TMPDIR"] = ray_dir
     try:

@@ -60,6 +60,7 @@ async def test_hack_gets_no_reward(builder: Builder, task: Task, target: Target,
         assert guarded.swebench_resolved == harness.swebench_resolved
 
 
+@pytest.mark.slow  # a cold build in the uid's own store, then every hack: ~60 s
 def test_hacks_get_no_reward_as_an_unprivileged_caller() -> None:
     if os.geteuid() != 0:
         pytest.skip("we are the unprivileged caller: the in-process tests are that run")

@@ -645,7 +645,7 @@ def test_duplicate_ids(tmp_path: Path) -> None:
 def test_unknown_sources(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         load_tasks(tmp_path / "missing.parquet")
-    with pytest.raises(TaskFormatError, match="unknown task source"):
+    with pytest.raises(TaskFormatError, match="not a Hugging Face dataset name"):
         load_tasks("no-such-thing")
     try:
         import datasets  # noqa: F401
