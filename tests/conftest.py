@@ -34,8 +34,8 @@ def pytest_configure(config: pytest.Config) -> None:
     once this process is gone, however it ended: a killed or timed-out run leaves nothing."""
     from minisandbox.sandbox import cleanup
 
-    if hasattr(config, "workerinput"):  # pragma: no cover  (no xdist here; its workers share)
-        return
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller's session directory is its TMPDIR already
     tmp = Path(tempfile.gettempdir())
     _sweep_dead_sessions(tmp)
     session = Path(tempfile.mkdtemp(prefix=f"msbs{os.getpid()}-", dir=tmp))
