@@ -37,7 +37,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return  # an xdist worker: the controller's session directory is its TMPDIR already
     tmp = Path(tempfile.gettempdir())
-    _sweep_dead_sessions(tmp)
+    for place in {tmp, Path("/tmp")}:  # (/tmp: the cluster tests' Ray directory, at worst)
+        _sweep_dead_sessions(place)
     session = Path(tempfile.mkdtemp(prefix=f"msbs{os.getpid()}-", dir=tmp))
     os.chmod(session, 0o755)  # the unprivileged uid's runner and venv live below it
     janitor = subprocess.Popen(

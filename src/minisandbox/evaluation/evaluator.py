@@ -171,7 +171,7 @@ def _swebench() -> SimpleNamespace:
             f"evaluation uses swebench's log parsers and grading, which did not import ({e}): "
             "pip install 'swebench>=4.1'"
         ) from None
-    constants = light.constants
+    constants = light.constants  # the enums grading compares against come from its own load
     return SimpleNamespace(
         grading=light.grading,
         python_parsers=light.python_parsers,
@@ -199,7 +199,11 @@ def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
             continue
         fn = getattr(module, name, None)
     if fn is None:
-        fn = sb.MAP_REPO_TO_PARSER.get(task.repo)
+        fn = sb.MAP_REPO_TO_PARSER.get(task.repo)  # (the Python repositories' table)
+    if fn is None:
+        with contextlib.suppress(ImportError):  # another language's repository: the whole table
+            whole = importlib.import_module("swebench.harness.log_parsers")
+            fn = whole.MAP_REPO_TO_PARSER.get(task.repo)
     if fn is None:
         raise GradingError(f"task {task.id}: swebench has no log parser {name!r}")
     # Parsers take the test spec; the Python ones do not read it, the others read these fields.

@@ -68,8 +68,9 @@ async def install_runner_pins(sb: CommandRunner, task: Task, env: dict[str, str]
         if canonicalize_name(Requirement(r).name) in _RUNNER_DISTRIBUTIONS
     ]
     if pins:
+        # From /: the checkout is not on sys.path (a top-level pip/ of the repository's).
         await sb.execute(
-            ["python", "-m", "pip", "install", "-q", *pins], cwd="/testbed", env=env, timeout=600
+            ["python", "-m", "pip", "install", "-q", *pins], cwd="/", env=env, timeout=600
         )
 
 

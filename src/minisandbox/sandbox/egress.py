@@ -157,15 +157,19 @@ class EgressProxy:
         self._server = await asyncio.start_server(self._serve, sock=self._listener)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._listener.close()
+        try:
+            if self._server is not None:
+                self._server.close()
+            # The connections first: from 3.12 on, wait_closed() waits for them.
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._server is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._server.wait_closed(), 5)
+        finally:
+            self._listener.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
