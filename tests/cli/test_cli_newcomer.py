@@ -335,6 +335,21 @@ def _running(marker: str) -> bool:
     return bool(r.stdout.split())
 
 
+def _where_stuck(pid: int) -> str:
+    """Each thread's kernel wait channel and the process tree under `pid` (then killed)."""
+    import contextlib
+
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            comm = (task / "comm").read_text().strip()
+            out.append(f"{task.name} {comm} {(task / 'wchan').read_text().strip()}")
+    tree = subprocess.run(["ps", "-o", "pid,stat,wchan:24,args", "--ppid", str(pid)],
+                          capture_output=True, text=True, check=False).stdout  # fmt: skip
+    os.kill(pid, signal.SIGKILL)
+    return "; ".join(out) + "\n" + tree
+
+
 def test_ctrl_c_says_what_happened_and_leaves_nothing(tmp_path: Path) -> None:
     marker = f"newcomer-{os.getpid()}"
     runtime = tmp_path / "runtime"
@@ -356,7 +371,10 @@ def test_ctrl_c_says_what_happened_and_leaves_nothing(tmp_path: Path) -> None:
     assert proc.stdout.readline() == b"started\n"
     assert _running(marker)  # what Ctrl-C must stop
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    try:
+        _, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # seen twice under load: say where it was stuck
+        pytest.fail(f"Ctrl-C did not end the CLI in 120 s: {_where_stuck(proc.pid)}")
     assert proc.returncode == 130, err
     lines = [line for line in err.decode().splitlines() if line.strip()]
     assert lines == [
