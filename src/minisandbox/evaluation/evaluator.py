@@ -42,7 +42,7 @@ from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import all_or_none
-from minisandbox.utils.swebench_imports import swebench_grading
+from minisandbox.utils.swebench_imports import repo_parser, swebench_grading
 
 # The harness's ways of applying a patch, in its order (swebench.harness.run_evaluation).
 APPLY_COMMANDS = (
@@ -175,7 +175,6 @@ def _swebench() -> SimpleNamespace:
     return SimpleNamespace(
         grading=light.grading,
         python_parsers=light.python_parsers,
-        MAP_REPO_TO_PARSER=light.MAP_REPO_TO_PARSER,
         FAIL_ONLY_REPOS=constants.FAIL_ONLY_REPOS,
         EvalType=constants.EvalType,
         ResolvedStatus=constants.ResolvedStatus,
@@ -199,11 +198,7 @@ def log_parser(task: Task) -> Callable[[str], dict[str, str]]:
             continue
         fn = getattr(module, name, None)
     if fn is None:
-        fn = sb.MAP_REPO_TO_PARSER.get(task.repo)  # (the Python repositories' table)
-    if fn is None:
-        with contextlib.suppress(ImportError):  # another language's repository: the whole table
-            whole = importlib.import_module("swebench.harness.log_parsers")
-            fn = whole.MAP_REPO_TO_PARSER.get(task.repo)
+        fn = repo_parser(task.repo)
     if fn is None:
         raise GradingError(f"task {task.id}: swebench has no log parser {name!r}")
     # Parsers take the test spec; the Python ones do not read it, the others read these fields.

@@ -11,6 +11,7 @@ that this fails, the whole package is imported as before (slower, same functions
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.machinery
@@ -18,7 +19,9 @@ import importlib.util
 import sys
 import threading
 import types
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Any
 
 _LOCK = threading.Lock()
 _PARENTS = ("swebench", "swebench.harness", "swebench.harness.test_spec")
@@ -40,6 +43,20 @@ def swebench_grading() -> SimpleNamespace:
             except Exception:  # any layout we do not know: the slow way
                 pass
         return _whole()
+
+
+def repo_parser(repo: str) -> Callable[..., Any] | None:
+    """swebench's log parser for `repo`: from the Python repositories' table, else (another
+    language's repository) from the whole package's; None when it has none.
+
+    Raises:
+        ImportError: swebench is not installed, or does not import.
+    """
+    fn = swebench_grading().MAP_REPO_TO_PARSER.get(repo)
+    if fn is None:
+        with contextlib.suppress(ImportError):
+            fn = importlib.import_module(_PARSERS).MAP_REPO_TO_PARSER.get(repo)
+    return fn
 
 
 def _whole() -> SimpleNamespace:
