@@ -30,7 +30,11 @@ from cluster_helpers import CAPACITY, Nodes, agent_leftovers, our_processes, wai
 from minisandbox.cluster import NodeLostError, PoolConfig, RemoteSandbox, SandboxPool  # noqa: E402
 from minisandbox.cluster.shared import shared_pool  # noqa: E402
 from minisandbox.envs.portable import travels  # noqa: E402
-from minisandbox.errors import CommandTimeoutError, SandboxFileError  # noqa: E402
+from minisandbox.errors import (  # noqa: E402
+    CommandTimeoutError,
+    SandboxFileError,
+    SandboxNotRunningError,
+)
 from minisandbox.layers.replica import layer_files  # noqa: E402
 from minisandbox.layers.store import LayerStore  # noqa: E402
 from minisandbox.sandbox.runtime import remove_tree  # noqa: E402
@@ -106,7 +110,7 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
 @pytest.fixture
 async def pool(settings: BuildSettings, nodes: Nodes) -> Any:
     pool = await SandboxPool(PoolConfig(store=settings.store)).start()
-    agents = [(await pool._call(n, "info"))["pid"] for n in pool.nodes]
+    agents = [(await pool._info(n)).pid for n in pool.nodes]
     try:
         yield pool
     finally:
@@ -190,6 +194,9 @@ async def test_a_pool_sandbox_has_the_local_api(pool: SandboxPool, tasks: list[T
         await shell.run("cd /tmp && export X=41")
         assert (await shell.run("echo $PWD $((X + 1))")).output.strip() == "/tmp 42"
         await sb.close_session("main")
+        seen: list[tuple[int, bytes]] = []
+        r = await sb.execute("echo out; echo err >&2", on_output=lambda *out: seen.append(out))
+        assert seen == [(1, b"out\n"), (2, b"err\n")] and r.stdout == "out\n"
         # The local API's errors, as they were raised on the node.
         with pytest.raises(CommandTimeoutError) as timed_out:
             await sb.execute("echo started; sleep 30", timeout=1)
@@ -205,6 +212,10 @@ async def test_a_pool_sandbox_has_the_local_api(pool: SandboxPool, tasks: list[T
             assert layers.ro_paths == [] and layers.interpreters
         else:
             assert layers.ro_paths == [prefix] and not layers.interpreters
+        await sb.stop()  # before the block ends: stopped on its node
+        assert not sb.running
+        with pytest.raises(SandboxNotRunningError):
+            await sb.execute("true")
 
 
 async def test_gold_patches_resolve_and_empty_ones_do_not(
@@ -256,7 +267,7 @@ async def test_a_sandbox_goes_where_its_layers_are(pool: SandboxPool, tasks: lis
     for _ in range(3):
         async with pool.sandbox(task) as sb:
             assert sb.node_id == holder.node_id
-            assert sb.facts["misses"] == 0 and sb.facts["hits"] == len(set(layers.ids))
+            assert sb.facts.misses == 0 and sb.facts.hits == len(set(layers.ids))
 
 
 async def test_no_node_is_given_more_sandboxes_than_its_capacity(
@@ -284,7 +295,7 @@ async def test_no_node_is_given_more_sandboxes_than_its_capacity(
     await asyncio.sleep(0.5)
     assert opened == total  # the last two wait for a slot
     # As the nodes count them (all drivers'): full, not over.
-    assert [(await pool._call(n, "info"))["open"] for n in pool.nodes] == [CAPACITY] * len(
+    assert [(await pool._info(n)).node_sandboxes for n in pool.nodes] == [CAPACITY] * len(
         pool.nodes
     )
     release.set()
@@ -357,7 +368,7 @@ async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
                 n.others = CAPACITY if n is not victim else 0
             async with pool.sandbox(tasks[0]) as sb:
                 assert sb.node_id == victim.node_id
-                agent_pid = (await pool._call(victim, "info"))["pid"]
+                agent_pid = (await pool._info(victim)).pid
                 await sb.execute("sleep 8675309 >/dev/null 2>&1 &")
                 assert our_processes("8675309")
                 nodes.cluster.remove_node(doomed)
@@ -373,7 +384,7 @@ async def test_a_lost_node_fails_its_episode_and_the_pool_keeps_serving(
         wait_until(lambda: not agent_leftovers(agent_pid), "the lost node's sandboxes remain")
         assert not our_processes("8675309")
         stats = await pool.stats()
-        assert all(s["open"] == 0 for s in stats["nodes"].values())
+        assert all(s["agent_sandboxes"] == 0 for s in stats["nodes"].values())
 
 
 @pytest.mark.slow  # 5-45 s of Ray node starts and losses: scripts/test --slow
@@ -412,7 +423,7 @@ async def test_drivers_share_the_nodes_slots_and_a_cancelled_start_leaves_nothin
     after = None
 
     async def on_nodes(pool: SandboxPool, key: str) -> int:
-        return sum([(await pool._call(n, "info"))[key] for n in pool.nodes])
+        return sum([getattr(await pool._info(n), key) for n in pool.nodes])
 
     async def start_in(pool: SandboxPool) -> str:
         async with pool.sandbox(tasks[0]) as sb:
@@ -422,7 +433,7 @@ async def test_drivers_share_the_nodes_slots_and_a_cancelled_start_leaves_nothin
         async with contextlib.AsyncExitStack() as full:
             for _ in range(CAPACITY * len(early.nodes)):
                 await full.enter_async_context(early.sandbox(tasks[0]))
-            assert await on_nodes(late, "open") == CAPACITY * len(late.nodes)
+            assert await on_nodes(late, "node_sandboxes") == CAPACITY * len(late.nodes)
             waiting = asyncio.ensure_future(start_in(late))
             deadline = time.monotonic() + 60
             while not await on_nodes(late, "waiting") and time.monotonic() < deadline:
@@ -440,10 +451,10 @@ async def test_drivers_share_the_nodes_slots_and_a_cancelled_start_leaves_nothin
         # to wake it) and is served; the cancelled start took no slot on its node.
         assert await asyncio.wait_for(served, 60)
         deadline = time.monotonic() + 30
-        while await on_nodes(late, "open") and time.monotonic() < deadline:
+        while await on_nodes(late, "node_sandboxes") and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        assert await on_nodes(late, "open") == 0
-        assert sum(s["open"] for s in (await late.stats())["nodes"].values()) == 0
+        assert await on_nodes(late, "node_sandboxes") == 0
+        assert sum(s["agent_sandboxes"] for s in (await late.stats())["nodes"].values()) == 0
     finally:
         for pool in (late, early, after):
             if pool is not None:
@@ -465,7 +476,7 @@ def test_a_dead_driver_leaves_no_sandboxes(settings: BuildSettings, nodes: Nodes
             async with pool.sandbox(task) as sb:
                 await sb.execute("sleep 8675310 >/dev/null 2>&1 &")
                 node = next(n for n in pool.nodes if n.node_id == sb.node_id)
-                print("ready", (await pool._call(node, "info"))["pid"], flush=True)
+                print("ready", (await pool._info(node)).pid, flush=True)
                 await asyncio.sleep(600)
 
         ray.init(address={nodes.cluster.address!r})

@@ -294,7 +294,7 @@ async def test_a_fix_that_adds_a_dependency_installs_it_offline(
 
 
 class _ScriptedRunner:
-    """A CommandRunner that answers from a script: for the evaluator's own decisions (which
+    """A SandboxAPI that answers from a script: for the evaluator's own decisions (which
     apply command won, how an exit status and a log are graded), not for sandboxing."""
 
     pid = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import os
 import pickle
 import socket
@@ -296,12 +297,54 @@ async def test_no_set_id_bits_through_file_calls(sandbox: Sandbox, tmp_path: Pat
 
 def test_sync_facade() -> None:
     with SyncSandbox() as sb:
+        assert sb.running and sb.pid is not None and sb.id
         assert sb.execute("echo hi").stdout == "hi\n"
-        session = sb.create_session()
+        seen: list[tuple[int, bytes]] = []
+        r = sb.execute(
+            "cat; echo err >&2", stdin="in", on_output=lambda fd, b: seen.append((fd, b))
+        )
+        assert (r.stdout, r.stderr) == ("in", "err\n")
+        assert b"".join(b for fd, b in seen if fd == 1) == b"in"
+        session = sb.create_session(env={"WHO": "sync"})
         session.run("cd /tmp")
         assert session.run("pwd").output == "/tmp\n"
+        assert sb.session().run("echo $WHO").output == "sync\n" and not session.busy
+        assert sb.sessions == ["default"]
+        sb.close_session("default")
+        assert sb.sessions == []
         sb.write_file("/root/f", b"data")
         assert sb.read_file("/root/f") == b"data"
+        assert sb.read_text("/root/f") == "data"
+        with pytest.raises(SandboxFileError, match="more than"):
+            sb.read_file("/root/f", max_bytes=2)
+    assert not sb.running
+
+
+def _parameters(cls: type) -> dict[str, list[tuple[str, object, object]]]:
+    """Each public method's parameters (name, kind, default) and each property, by name."""
+    out: dict[str, list[tuple[str, object, object]]] = {}
+    for name, member in vars(cls).items():
+        if name.startswith("_"):
+            continue
+        if isinstance(member, property):
+            out[name] = [("property", None, None)]
+        elif callable(member):
+            sig = inspect.signature(member)
+            out[name] = [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+    return out
+
+
+def test_the_sync_api_is_the_async_api_made_blocking() -> None:
+    """mypy checks each backend against its protocol; this checks the two protocols agree,
+    parameter by parameter (names, kinds, defaults)."""
+    from minisandbox.sandbox import api
+
+    assert _parameters(api.SyncSandboxAPI) == _parameters(api.SandboxAPI)
+    assert _parameters(api.SyncSessionAPI) == _parameters(api.SessionAPI)
+    assert {"execute", "read_text", "session", "create_session", "stop"} <= set(
+        _parameters(api.SandboxAPI)
+    )
+    assert isinstance(Sandbox(), api.SandboxAPI)
 
 
 def test_bad_configuration_is_named() -> None:

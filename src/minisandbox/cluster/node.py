@@ -27,12 +27,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from minisandbox.cluster.messages import (
+    AgentStats,
+    CreateSession,
+    Execute,
+    IsRunning,
+    NodeInfo,
+    ReadFile,
+    SandboxRequest,
+    SessionBusy,
+    SessionClose,
+    SessionInterrupt,
+    SessionReply,
+    SessionRequest,
+    SessionRun,
+    SessionSend,
+    StartFacts,
+    Upload,
+    WriteFile,
+)
 from minisandbox.envs.settings import BuildSettings
 from minisandbox.errors import PoolError, SandboxFileError, SandboxNotRunningError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
 from minisandbox.layers.budget import LocalIOBudget
 from minisandbox.layers.replica import copy_layer
-from minisandbox.sandbox.commands import ExecResult
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.sandbox.session import SessionResult
 from minisandbox.tasks.builder import Builder
@@ -106,35 +124,35 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- what the pool sees
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> NodeInfo:
         """This node's facts for placement: capacity, sandboxes open (all agents), the layers
         its cache holds, its I/O budget."""
         cache = self.builder.cache
         budget = cache.budget
-        return {
-            "pid": os.getpid(),
-            "shared_store": self.shared_store,
-            "cache": str(cache.root),
-            "capacity": self.capacity,
-            "open": self.slots.in_flight(),
-            "waiting": self.slots.waiting(),
-            "cached": cache.cached(),
-            "budget_bytes": budget.limit if isinstance(budget, LocalIOBudget) else None,
-        }
+        return NodeInfo(
+            pid=os.getpid(),
+            shared_store=self.shared_store,
+            cache=str(cache.root),
+            capacity=self.capacity,
+            node_sandboxes=self.slots.in_flight(),
+            waiting=self.slots.waiting(),
+            cached=cache.cached(),
+            budget_bytes=budget.limit if isinstance(budget, LocalIOBudget) else None,
+        )
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> AgentStats:
         """What this agent did: layer hits and misses at its starts, unpacks per layer (by this
         agent's process), the node's high-water mark of bytes being unpacked."""
         budget = self.builder.cache.budget
-        return {
-            "hits": self.hits,
-            "misses": self.misses,
-            "unpacks": dict(self.builder.cache.unpacked),
-            "max_bytes_in_flight": budget.peak() if isinstance(budget, LocalIOBudget) else None,
-            "budget_bytes": budget.limit if isinstance(budget, LocalIOBudget) else None,
-            "open": len(self.opened),
-            "copied_bytes": self.copied_bytes,
-        }
+        return AgentStats(
+            hits=self.hits,
+            misses=self.misses,
+            unpacks=dict(self.builder.cache.unpacked),
+            max_bytes_in_flight=budget.peak() if isinstance(budget, LocalIOBudget) else None,
+            budget_bytes=budget.limit if isinstance(budget, LocalIOBudget) else None,
+            agent_sandboxes=len(self.opened),
+            copied_bytes=self.copied_bytes,
+        )
 
     def set_source(self, source: Any) -> None:
         """Where this node, which does not see the store, copies layers from (a StoreSource
@@ -164,7 +182,7 @@ class NodeAgent:
 
     async def _enter(
         self, stack: contextlib.AsyncExitStack, layers: TaskLayers, overrides: dict[str, Any]
-    ) -> tuple[Sandbox, dict[str, Any]]:
+    ) -> tuple[Sandbox, StartFacts]:
         began = time.monotonic()
         await stack.enter_async_context(self.slots.reserve(1))
         await self._fetch(layers.ids)
@@ -174,16 +192,16 @@ class NodeAgent:
         self.hits += present
         self.misses += missing
         sb = await stack.enter_async_context(launch(self.builder, layers, **overrides))
-        facts = {
-            "id": sb.id,
-            "hits": present,
-            "misses": missing,
-            "prep_s": time.monotonic() - began,
-            "open": self.slots.in_flight(),
-        }
+        facts = StartFacts(
+            id=sb.id,
+            hits=present,
+            misses=missing,
+            prep_s=time.monotonic() - began,
+            node_sandboxes=self.slots.in_flight(),
+        )
         return sb, facts
 
-    async def open(self, layers: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    async def open(self, layers: dict[str, Any], overrides: dict[str, Any]) -> StartFacts:
         """Start a sandbox of `layers` (TaskLayers' fields); its id and how it started.
 
         Raises:
@@ -220,7 +238,7 @@ class NodeAgent:
         patch: str | None,
         timeout: float,
         overrides: dict[str, Any],
-    ) -> tuple[EvalResult, dict[str, Any]]:
+    ) -> tuple[EvalResult, StartFacts]:
         """Evaluate `patch` for `task` (as evaluation runs it) in a fresh sandbox of `layers`,
         as `Evaluator.evaluate` does; the result and how the sandbox started.
 
@@ -240,18 +258,52 @@ class NodeAgent:
 
     # ---------------------------------------------------------------- one sandbox's API
 
-    async def execute(self, sandbox_id: str, command: Any, kwargs: dict[str, Any]) -> ExecResult:
-        return await self._sandbox(sandbox_id).execute(command, **kwargs)
+    async def call(self, sandbox_id: str, request: SandboxRequest) -> Any:
+        """Run one `SandboxAPI` call (a RemoteSandbox's request) on the local sandbox.
 
-    async def read_file(self, sandbox_id: str, path: str, max_bytes: int) -> bytes:
-        return await self._sandbox(sandbox_id).read_file(path, max_bytes=max_bytes)
+        Raises:
+            SandboxNotRunningError: the sandbox is not open on this node; and what the local
+                call raises.
+        """
+        if isinstance(request, IsRunning):
+            entry = self.opened.get(sandbox_id)
+            return entry is not None and entry.sandbox.running
+        sb = self._sandbox(sandbox_id)
+        match request:
+            case Execute():
+                fields = request.model_dump(exclude={"command"})
+                return await sb.execute(request.command, **fields)
+            case ReadFile(path=path, max_bytes=max_bytes):
+                return await sb.read_file(path, max_bytes=max_bytes)
+            case WriteFile(path=path, data=data, mode=mode):
+                return await sb.write_file(path, data, mode=mode)
+            case Upload():
+                return await self._upload(sb, request)
+            case CreateSession():
+                await sb.create_session(**request.model_dump())
+                return None
+            case SessionBusy(name=name):
+                return sb.session(name).busy
+            case SessionRun() | SessionSend() | SessionInterrupt() | SessionClose():
+                return await self._session_call(sb, request)
+        raise TypeError(f"not a sandbox request: {request!r}")
 
-    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int | None) -> None:
-        await self._sandbox(sandbox_id).write_file(path, data, mode=mode)
+    async def _session_call(self, sb: Sandbox, request: SessionRequest) -> SessionReply:
+        session = sb.session(request.name)
+        result: SessionResult | None
+        match request:
+            case SessionRun(command=command, timeout=timeout, expect=expect, input=text):
+                result = await session.run(command, timeout=timeout, expect=expect, input=text)
+            case SessionSend(text=text, timeout=timeout, expect=expect):
+                result = await session.send(text, timeout=timeout, expect=expect)
+            case SessionInterrupt(timeout=timeout):
+                result = await session.interrupt(timeout)
+            case SessionClose():
+                await session.close()
+                result = None
+        return SessionReply(result=result, busy=session.busy)
 
-    async def upload(
-        self, sandbox_id: str, name: str, data: bytes, target: str, is_dir: bool
-    ) -> None:
+    async def _upload(self, sb: Sandbox, request: Upload) -> None:
         """`Sandbox.upload` of what the driver sent as a tar: the file, link or directory
         `name` (a directory: its contents).
 
@@ -259,38 +311,15 @@ class NodeAgent:
             SandboxFileError: the tar is not one the driver makes (see `_checked`); and what
                 `Sandbox.upload` raises.
         """
+        name = request.name
         if not name or name in (".", "..") or "/" in name or "\0" in name:
             raise SandboxFileError(f"upload: {name!r} is not a file name")
         with tempfile.TemporaryDirectory(prefix="msb-upload-") as tmp:
-            with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            with tarfile.open(fileobj=io.BytesIO(request.data)) as tar:
                 members = _checked(tar.getmembers(), name)
                 # Checked above; Pythons with extraction filters want to be told so.
                 trusted: dict[str, Any] = (
                     {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
                 )
                 await asyncio.to_thread(tar.extractall, tmp, members, numeric_owner=True, **trusted)
-            await self._sandbox(sandbox_id).upload(Path(tmp) / name, target)
-
-    async def create_session(self, sandbox_id: str, name: str, kwargs: dict[str, Any]) -> None:
-        await self._sandbox(sandbox_id).create_session(name, **kwargs)
-
-    async def session_call(
-        self, sandbox_id: str, name: str, method: str, args: list[Any], kwargs: dict[str, Any]
-    ) -> tuple[SessionResult | None, bool]:
-        """`run`, `send`, `interrupt` or `close` of session `name`; its result and whether the
-        session is still busy (a command running, as after a timeout or an `expect` match)."""
-        if method not in ("run", "send", "interrupt", "close"):
-            raise ValueError(f"no session method {method!r}")
-        session = self._sandbox(sandbox_id).session(name)
-        result: SessionResult | None = await getattr(session, method)(*args, **kwargs)
-        return result, session.busy
-
-    def session_busy(self, sandbox_id: str, name: str) -> bool:
-        return self._sandbox(sandbox_id).session(name).busy
-
-    def sessions(self, sandbox_id: str) -> list[str]:
-        return self._sandbox(sandbox_id).sessions
-
-    def running(self, sandbox_id: str) -> bool:
-        entry = self.opened.get(sandbox_id)
-        return entry is not None and entry.sandbox.running
+            await sb.upload(Path(tmp) / name, request.target)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from minisandbox.cluster.config import PoolConfig
+from minisandbox.cluster.messages import AgentStats, NodeInfo, StartFacts
 from minisandbox.cluster.node import NodeAgent
 from minisandbox.cluster.placement import NodeView, choose
 from minisandbox.cluster.remote import RemoteSandbox
@@ -93,7 +94,7 @@ class SandboxPool:
         self._store_id = ""
         self.started: list[dict[str, Any]] = []
         """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
-        the node's facts (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
+        its StartFacts' fields (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -148,9 +149,9 @@ class SandboxPool:
         """Start the node's agent and learn what its cache holds; False (no agent) if it fails."""
         node.actor = self._agent(node)
         try:
-            info = await self._call(node, "info")
-            node.cached, node.others = set(info["cached"]), int(info["open"])
-            if not info["shared_store"]:
+            info = await self._info(node)
+            node.cached, node.others = set(info.cached), info.node_sandboxes
+            if not info.shared_store:
                 await self._call(node, "set_source", self._store_source())
         except MiniSandboxError:
             ray.kill(node.actor, no_restart=True)
@@ -256,10 +257,14 @@ class SandboxPool:
                 raise PoolError(f"node {node.node_id[:12]}: {cause}") from None
             raise (cause if isinstance(cause, Exception) else e) from None
 
+    async def _info(self, node: _Node) -> NodeInfo:
+        info: NodeInfo = await self._call(node, "info")
+        return info
+
     async def _close_if_opened(self, node: _Node, ref: Any) -> None:
         with contextlib.suppress(Exception):
-            facts = await ref
-            await self._call(node, "close", facts["id"])
+            facts: StartFacts = await ref
+            await self._call(node, "close", facts.id)
 
     async def _notify(self) -> None:
         if self._changed is not None:
@@ -330,8 +335,8 @@ class SandboxPool:
         for node in self.nodes:
             if node.alive and node.others:
                 with contextlib.suppress(MiniSandboxError):
-                    info = await self._call(node, "info")
-                    node.others = max(0, int(info["open"]) - node.mine)
+                    info = await self._info(node)
+                    node.others = max(0, info.node_sandboxes - node.mine)
 
     async def _release(self, node: _Node, sizes: dict[str, int]) -> None:
         node.mine -= 1
@@ -339,10 +344,10 @@ class SandboxPool:
         node.arriving = +node.arriving  # drop what is no longer arriving
         await self._notify()
 
-    def _started(self, node: _Node, layers: TaskLayers, facts: dict[str, Any]) -> None:
-        self.started.append({**facts, "node_id": node.node_id})
+    def _started(self, node: _Node, layers: TaskLayers, facts: StartFacts) -> None:
+        self.started.append({**facts.model_dump(), "node_id": node.node_id})
         node.cached.update(layers.ids)
-        node.others = max(0, int(facts["open"]) - node.mine)
+        node.others = max(0, facts.node_sandboxes - node.mine)
 
     # ---------------------------------------------------------------- episodes
 
@@ -377,15 +382,21 @@ class SandboxPool:
             layers = layers.model_copy(update={"env_vars": {**layers.env_vars, **extra_env}})
         node = await self._place(sizes)
         try:
-            facts = await self._call(node, "open", layers.model_dump(mode="json"), overrides)
+            facts: StartFacts = await self._call(
+                node, "open", layers.model_dump(mode="json"), overrides
+            )
             self._started(node, layers, facts)
-            sb = RemoteSandbox(self._call, node, facts)
+
+            async def stop() -> None:
+                if node.alive:
+                    with contextlib.suppress(NodeLostError):
+                        await self._call(node, "close", facts.id)
+
+            sb = RemoteSandbox(self._call, node, facts, stop)
             try:
                 yield sb
             finally:
-                if node.alive:
-                    with contextlib.suppress(NodeLostError):
-                        await self._call(node, "close", sb.id)
+                await sb.stop()
         finally:
             await self._release(node, sizes)
 
@@ -455,14 +466,16 @@ class SandboxPool:
     # ---------------------------------------------------------------- what happened
 
     async def stats(self) -> dict[str, Any]:
-        """Per live node: its agent's hits, misses, unpacks per layer, the node's high-water
-        mark of bytes in flight against its budget, sandboxes open; and the overall hit rate."""
+        """Per live node: its agent's AgentStats fields (hits, misses, unpacks per layer, the
+        node's high-water mark of bytes in flight against its budget, its sandboxes open); and
+        the overall hit rate."""
         per_node: dict[str, Any] = {}
         for node in self.nodes:
             if not node.alive:
                 continue
             with contextlib.suppress(NodeLostError):
-                per_node[node.node_id] = await self._call(node, "stats")
+                stats: AgentStats = await self._call(node, "stats")
+                per_node[node.node_id] = stats.model_dump()
         hits = sum(s["hits"] for s in per_node.values())
         misses = sum(s["misses"] for s in per_node.values())
         return {

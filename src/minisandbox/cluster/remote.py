@@ -1,7 +1,9 @@
-"""A sandbox on another node, with a local `Sandbox`'s API: every call goes to the node's agent.
+"""A sandbox on another node, with a local `Sandbox`'s API (SandboxAPI): every call goes to the
+node's agent as one typed request (messages.py).
 
 What the local API takes as a callable (`execute`'s `on_output`) cannot cross nodes: the output
-comes with the result. `pid` is None (the sandbox's processes are not this host's).
+comes with the result, and `on_output` is given it then. `pid` is None (the sandbox's processes
+are not this host's).
 """
 
 from __future__ import annotations
@@ -14,8 +16,25 @@ import os
 import tarfile
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from minisandbox.cluster.messages import (
+    CreateSession,
+    Execute,
+    IsRunning,
+    ReadFile,
+    SandboxRequest,
+    SessionBusy,
+    SessionClose,
+    SessionInterrupt,
+    SessionReply,
+    SessionRequest,
+    SessionRun,
+    SessionSend,
+    StartFacts,
+    Upload,
+    WriteFile,
+)
 from minisandbox.errors import (
     MiniSandboxError,
     NodeLostError,
@@ -24,6 +43,7 @@ from minisandbox.errors import (
     SandboxNotRunningError,
     SessionError,
 )
+from minisandbox.sandbox.api import OnOutput, SandboxAPI
 from minisandbox.sandbox.commands import ExecResult
 from minisandbox.sandbox.files import READ_MAX_BYTES
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
@@ -40,7 +60,7 @@ def _tar(src: Path) -> bytes:
 
 
 class RemoteSession:
-    """A persistent shell of a RemoteSandbox (ShellSession's run/send/interrupt/close)."""
+    """A persistent shell of a RemoteSandbox (SessionAPI)."""
 
     def __init__(self, sandbox: RemoteSandbox, name: str) -> None:
         self.sandbox = sandbox
@@ -49,17 +69,21 @@ class RemoteSession:
         self.busy = False
         """A command is still running (after a timeout or an `expect` match), as on the node."""
 
-    async def _do(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    async def _do(self, request: SessionRequest) -> SessionResult | None:
         if self.closed:
             raise SessionError(f"session {self.name!r} is closed")
         try:
-            result, self.busy = await self.sandbox.call(
-                "session_call", self.name, method, list(args), kwargs
-            )
+            reply: SessionReply = await self.sandbox.call(request)
         except MiniSandboxError:
             with contextlib.suppress(MiniSandboxError):
-                self.busy = await self.sandbox.call("session_busy", self.name)
+                self.busy = await self.sandbox.call(SessionBusy(name=self.name))
             raise
+        self.busy = reply.busy
+        return reply.result
+
+    async def _result(self, request: SessionRequest) -> SessionResult:
+        result = await self._do(request)
+        assert result is not None  # only `close` answers without one
         return result
 
     async def run(
@@ -70,20 +94,35 @@ class RemoteSession:
         expect: Sequence[str] | None = None,
         input: str | None = None,
     ) -> SessionResult:
-        return await self._do("run", command, timeout=timeout, expect=expect, input=input)
+        return await self._result(
+            SessionRun(
+                name=self.name,
+                command=command,
+                timeout=timeout,
+                expect=list(expect) if expect is not None else None,
+                input=input,
+            )
+        )
 
     async def send(
         self, text: str, *, timeout: float | None = None, expect: Sequence[str] | None = None
     ) -> SessionResult:
-        return await self._do("send", text, timeout=timeout, expect=expect)
+        return await self._result(
+            SessionSend(
+                name=self.name,
+                text=text,
+                timeout=timeout,
+                expect=list(expect) if expect is not None else None,
+            )
+        )
 
     async def interrupt(self, timeout: float = 2.0) -> SessionResult:
-        return await self._do("interrupt", timeout=timeout)
+        return await self._result(SessionInterrupt(name=self.name, timeout=timeout))
 
     async def close(self) -> None:
         if not self.closed:
             try:
-                await self._do("close")
+                await self._do(SessionClose(name=self.name))
             except SessionError:
                 pass  # already gone on the node (its shell exited): closed all the same
             self.closed = True
@@ -92,27 +131,39 @@ class RemoteSession:
 
 class RemoteSandbox:
     """A sandbox a pool started on node `node_id`. Its calls raise what the local Sandbox's
-    raise, and NodeLostError when the node is gone."""
+    raise, and NodeLostError when the node is gone. `stop()` lets the pool's block end it
+    early (the pool stops it at the block's end in any case)."""
 
-    def __init__(self, call: Call, node: Any, facts: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        call: Call,
+        node: Any,
+        facts: StartFacts,
+        stop: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._call = call
         self._node = node
-        self.id: str = facts["id"]
+        self.id: str = facts.id
         self.node_id: str = node.node_id
         self.facts = facts
         """How it started: layer `hits` and `misses` in the node's cache, `prep_s`."""
-        self.pid: int | None = None
         self._sessions: dict[str, RemoteSession] = {}
-        self._stopped = False
+        self._stopped = False  # stopped, or found stopped by a call
+        self._stop = stop
+        self._stop_called = False
 
-    async def call(self, method: str, *args: Any) -> Any:
-        """`method` of the node's agent, for this sandbox.
+    @property
+    def pid(self) -> int | None:
+        return None  # its processes are another host's
+
+    async def call(self, request: SandboxRequest) -> Any:
+        """Send one request to the node's agent for this sandbox.
 
         Raises:
-            NodeLostError: the node is gone; and what the method raised on the node.
+            NodeLostError: the node is gone; and what the call raised on the node.
         """
         try:
-            return await self._call(self._node, method, self.id, *args)
+            return await self._call(self._node, "call", self.id, request)
         except (SandboxNotRunningError, SandboxLimitError, NodeLostError):
             self._stopped = True
             raise
@@ -124,7 +175,14 @@ class RemoteSandbox:
         return bool(self._node.alive) and not self._stopped
 
     async def is_running(self) -> bool:
-        return bool(await self.call("running"))
+        return bool(await self.call(IsRunning()))
+
+    async def stop(self) -> None:
+        """Stop it on its node. Idempotent."""
+        self._stopped = True
+        if self._stop is not None and not self._stop_called:
+            self._stop_called = True
+            await self._stop()
 
     async def execute(
         self,
@@ -136,21 +194,28 @@ class RemoteSandbox:
         stdin: bytes | str | None = None,
         merge_stderr: bool = False,
         max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_output: OnOutput | None = None,
     ) -> ExecResult:
-        """`Sandbox.execute` on the node."""
-        kwargs = {
-            "cwd": cwd,
-            "env": dict(env) if env is not None else None,
-            "timeout": timeout,
-            "stdin": stdin,
-            "merge_stderr": merge_stderr,
-            "max_output": max_output,
-        }
-        cmd = command if isinstance(command, str) else list(command)
-        return await self.call("execute", cmd, kwargs)
+        """`Sandbox.execute` on the node; `on_output` sees the output once it has come."""
+        request = Execute(
+            command=command if isinstance(command, str) else list(command),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            timeout=timeout,
+            stdin=stdin,
+            merge_stderr=merge_stderr,
+            max_output=max_output,
+        )
+        result: ExecResult = await self.call(request)
+        if on_output is not None:
+            for fd, text in ((1, result.stdout), (2, result.stderr)):
+                if text:
+                    on_output(fd, text.encode())
+        return result
 
     async def read_file(self, path: str, *, max_bytes: int = READ_MAX_BYTES) -> bytes:
-        return await self.call("read_file", path, max_bytes)
+        data: bytes = await self.call(ReadFile(path=path, max_bytes=max_bytes))
+        return data
 
     async def read_text(
         self,
@@ -164,7 +229,7 @@ class RemoteSandbox:
 
     async def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         raw = data.encode() if isinstance(data, str) else data
-        await self.call("write_file", path, raw, mode)
+        await self.call(WriteFile(path=path, data=raw, mode=mode))
 
     async def upload(self, source: str | os.PathLike[str], target: str) -> None:
         """`Sandbox.upload` of a file, link or directory of this host (sent to the node as a
@@ -178,10 +243,24 @@ class RemoteSandbox:
         if not src.exists() and not src.is_symlink():
             raise SandboxFileError(f"upload source {src} does not exist", errno.ENOENT)
         data = await asyncio.to_thread(_tar, src)
-        await self.call("upload", src.name, data, target, src.is_dir() and not src.is_symlink())
+        is_dir = src.is_dir() and not src.is_symlink()
+        await self.call(Upload(name=src.name, data=data, target=target, is_dir=is_dir))
 
-    async def create_session(self, name: str = "default", **kwargs: Any) -> RemoteSession:
-        await self.call("create_session", name, kwargs)
+    async def create_session(
+        self,
+        name: str = "default",
+        *,
+        env: dict[str, str] | None = None,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+        columns: int = 200,
+        rows: int = 50,
+    ) -> RemoteSession:
+        if name in self._sessions:
+            raise SessionError(f"session {name!r} already exists in sandbox {self.id}")
+        request = CreateSession(
+            name=name, env=env, max_output=max_output, columns=columns, rows=rows
+        )
+        await self.call(request)
         session = RemoteSession(self, name)
         self._sessions[name] = session
         return session
@@ -198,3 +277,7 @@ class RemoteSandbox:
 
     async def close_session(self, name: str) -> None:
         await self.session(name).close()
+
+
+if TYPE_CHECKING:
+    _api: SandboxAPI = cast(RemoteSandbox, None)  # the declared API (sandbox/api.py)

@@ -35,9 +35,9 @@ from pydantic import BaseModel, Field
 from minisandbox.envs.layout import WHEELHOUSE
 from minisandbox.errors import CommandTimeoutError, GradingError, MiniSandboxError, SandboxFileError
 from minisandbox.evaluation import guard
-from minisandbox.evaluation.runner import CommandRunner
 from minisandbox.evaluation.services import start_services
 from minisandbox.evaluation.tampering import runs_pytest, runs_sympy
+from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
@@ -323,7 +323,7 @@ class Evaluator:
         if self.on_phase is not None:
             self.on_phase(task_id, phase)
 
-    async def run_in(self, sb: CommandRunner, task: Task, patch: str, result: EvalResult) -> None:
+    async def run_in(self, sb: SandboxAPI, task: Task, patch: str, result: EvalResult) -> None:
         """The harness's procedure in `sb` (a fresh sandbox of the task): apply `patch`, run
         the eval script with the task's services, grade the log into `result`. Guarded
         grading adds its checks (evaluation.guard) around it; whatever they find, the tests
@@ -378,7 +378,7 @@ class Evaluator:
         self._verdict(result, g)
 
     async def _run_tests(
-        self, sb: CommandRunner, task: Task, result: EvalResult, grader_env: dict[str, str]
+        self, sb: SandboxAPI, task: Task, result: EvalResult, grader_env: dict[str, str]
     ) -> None:
         """The eval script, with the task's services (and the grader's plugin): its log into
         `result`, or that it timed out."""
@@ -440,7 +440,7 @@ class Evaluator:
         result.reward = 1.0 if result.resolved else 0.0
 
     async def _apply(
-        self, sb: CommandRunner, result: EvalResult, base: guard.BaseState | None, task: Task
+        self, sb: SandboxAPI, result: EvalResult, base: guard.BaseState | None, task: Task
     ) -> bool:
         """The harness's apply commands in its order. Guarded, `patch`'s fallback is checked
         first by its own dry run (it writes what git refuses, .git/hooks among them)."""

@@ -31,7 +31,6 @@ from minisandbox.evaluation.patch_rules import (
     refusals,
     shadowing,
 )
-from minisandbox.evaluation.runner import CommandRunner
 from minisandbox.evaluation.tampering import (
     PLUGIN_ADDOPT,
     PLUGIN_MODULE,
@@ -41,6 +40,7 @@ from minisandbox.evaluation.tampering import (
     check_pytest_run,
     check_sympy_run,
 )
+from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.tasks.eval_script import eval_pip_requirements
 from minisandbox.tasks.patches import PatchedFile, patched_files, unquote_path
 from minisandbox.tasks.specs import Task, files_in_patch
@@ -55,7 +55,7 @@ _RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "py", "pytest.py", "py.py")
 _RUNNER_DISTRIBUTIONS = {"pytest", "pluggy", "py"}
 
 
-async def install_runner_pins(sb: CommandRunner, task: Task, env: dict[str, str]) -> None:
+async def install_runner_pins(sb: SandboxAPI, task: Task, env: dict[str, str]) -> None:
     """Install the eval script's own pins of the runner now (from the wheelhouse, as the
     script's install would), before anything of the patch and before the runner is made
     read-only: the script's install is then a no-op, where it used to fail half-way (pip had
@@ -96,7 +96,7 @@ _TEST_PATCH = "/tmp/.minisandbox-grader-test.patch"
 _INDEX = "/tmp/.minisandbox-grader-index"
 
 
-async def _test_blobs(sb: CommandRunner, task: Task) -> dict[str, str | None]:
+async def _test_blobs(sb: SandboxAPI, task: Task) -> dict[str, str | None]:
     """The blob id of each file the test patch writes, as applying it to HEAD writes it (into
     a scratch index: the checkout is not touched); None for one it deletes. Empty when the
     test patch does not apply there (the eval script's own apply fails the same way)."""
@@ -120,7 +120,7 @@ async def _test_blobs(sb: CommandRunner, task: Task) -> dict[str, str | None]:
     return out
 
 
-async def base_state(sb: CommandRunner, task: Task) -> BaseState:
+async def base_state(sb: SandboxAPI, task: Task) -> BaseState:
     """What the checkout (HEAD: the base commit) and its Python hold, read in the sandbox."""
     tree = await sb.execute(
         ["git", "ls-tree", "-r", "-t", "-z", "--full-tree", "HEAD"],
@@ -156,7 +156,7 @@ async def base_state(sb: CommandRunner, task: Task) -> BaseState:
 
 
 async def check_patch(
-    sb: CommandRunner, task: Task, patch_path: str, patch: str, base: BaseState
+    sb: SandboxAPI, task: Task, patch_path: str, patch: str, base: BaseState
 ) -> list[str]:
     """The rules the patch breaks, by its headers and by git's own reading of its paths."""
     files = patched_files(patch)
@@ -175,7 +175,7 @@ async def check_patch(
 
 
 async def check_patch_fallback(
-    sb: CommandRunner, task: Task, patch_path: str, base: BaseState
+    sb: SandboxAPI, task: Task, patch_path: str, base: BaseState
 ) -> list[str]:
     """What `patch` (the harness's last fallback) would write, by its own dry run, against the
     rules: it reads headers git ignores, and follows none of git's refusals."""
@@ -198,7 +198,7 @@ async def check_patch_fallback(
     return refusals(task, files, base.paths) + shadowing(files, base.path_dirs, base.modules)
 
 
-async def check_configs(sb: CommandRunner, patch: str) -> list[str]:
+async def check_configs(sb: SandboxAPI, patch: str) -> list[str]:
     """The test runner's sections of the mixed config files the patch changed, before and
     after it applied."""
     out = []
@@ -228,9 +228,7 @@ _TOX_PTH = (
 )
 
 
-async def install_plugin(
-    sb: CommandRunner, base: BaseState, *, tox: bool = False
-) -> dict[str, str]:
+async def install_plugin(sb: SandboxAPI, base: BaseState, *, tox: bool = False) -> dict[str, str]:
     """The grader's plugin in site-packages, it and the runner's packages read-only; the
     environment that makes pytest load it first. Empty when there is no site-packages."""
     if not base.purelib:
@@ -253,7 +251,7 @@ async def install_plugin(
 _SYMPY_RUNNER = ("bin/test", "sympy/testing/runtests.py", "sympy/utilities/runtests.py")
 
 
-async def install_sympy_hook(sb: CommandRunner, base: BaseState) -> dict[str, str]:
+async def install_sympy_hook(sb: SandboxAPI, base: BaseState) -> dict[str, str]:
     """The grader's hook into sympy's runner (helpers/minisandbox_grader_sympy.py), imported by
     a .pth at every interpreter start; it, and sympy's runner in the checkout, read-only (the
     eval script's reinstall runs the patch's setup.py first). Empty without site-packages."""
@@ -268,7 +266,7 @@ async def install_sympy_hook(sb: CommandRunner, base: BaseState) -> dict[str, st
     return {"MINISANDBOX_GRADER": "sympy"}
 
 
-async def read_only(sb: CommandRunner, paths: list[str]) -> None:
+async def read_only(sb: SandboxAPI, paths: list[str]) -> None:
     """Bind each of `paths` read-only over itself in the sandbox (helpers/read_only.py).
 
     Raises:
@@ -292,7 +290,7 @@ async def read_only(sb: CommandRunner, paths: list[str]) -> None:
 
 
 async def check_run(
-    sb: CommandRunner,
+    sb: SandboxAPI,
     task: Task,
     base: BaseState,
     *,

@@ -25,7 +25,7 @@ from importlib.abc import Traversable
 
 from minisandbox.envs.layout import TOOLS_ROOT
 from minisandbox.errors import MiniSandboxError, ServiceError
-from minisandbox.evaluation.runner import CommandRunner
+from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.tasks.service_specs import check_services, parse_service, web_root
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import cancel_and_wait
@@ -38,7 +38,7 @@ STOP_TIMEOUT = 10.0
 
 
 @contextlib.asynccontextmanager
-async def start_services(sb: CommandRunner, task: Task) -> AsyncIterator[dict[str, str]]:
+async def start_services(sb: SandboxAPI, task: Task) -> AsyncIterator[dict[str, str]]:
     """Start the task's services in `sb`; yields the environment variables for the tests.
     The services stop when the block ends."""
     check_services(task)
@@ -51,7 +51,7 @@ async def start_services(sb: CommandRunner, task: Task) -> AsyncIterator[dict[st
 
 
 @contextlib.asynccontextmanager
-async def _httpbin(sb: CommandRunner, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
+async def _httpbin(sb: SandboxAPI, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
     """httpbin on loopback: HTTPBIN_URL=http://127.0.0.1:<port>/. With public names
     ("httpbin:httpbin.org,..."), the sandbox also resolves those names to it, where it answers
     on ports 80 and 443 as the public hosts would, with a certificate the task trusts (a CA made
@@ -66,7 +66,7 @@ _WEB_FILES = "/tmp/.minisandbox-web-files"
 
 
 @contextlib.asynccontextmanager
-async def _web(sb: CommandRunner, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
+async def _web(sb: SandboxAPI, public_names: list[str]) -> AsyncIterator[dict[str, str]]:
     """Public web hosts ("web:www.python.org,www.google.com") answering inside the sandbox, on
     ports 80 and 443 (HTTPS with a certificate the task trusts, as for httpbin): each serves the
     files the package holds for it under data/web/<host>/ (a directory's page is its
@@ -94,7 +94,7 @@ def _files_under(node: Traversable, prefix: str) -> list[tuple[str, bytes]]:
 
 @contextlib.asynccontextmanager
 async def _serve(
-    sb: CommandRunner, service: str, public_names: list[str], files: str
+    sb: SandboxAPI, service: str, public_names: list[str], files: str
 ) -> AsyncIterator[str]:
     """Run the server script (httpbin's app, or `files` as the web service) from the httpbin
     tools environment for the block; yields its loopback port."""
@@ -143,7 +143,7 @@ async def _serve(
             await cancel_and_wait([server])
 
 
-async def _serve_names(sb: CommandRunner, names: list[str], hosts_path: str) -> None:
+async def _serve_names(sb: SandboxAPI, names: list[str], hosts_path: str) -> None:
     """Make `names` resolve to 127.0.0.1 in the sandbox, and ports below 1024 bindable by it.
     Both from the host, in the sandbox's namespaces: its /etc/hosts is a read-only mount and it
     holds no capabilities."""
@@ -166,7 +166,7 @@ _BUNDLES = (
 
 
 @contextlib.asynccontextmanager
-async def _trust(sb: CommandRunner, ca_path: str) -> AsyncIterator[None]:
+async def _trust(sb: SandboxAPI, ca_path: str) -> AsyncIterator[None]:
     """Trust the CA at `ca_path` in the task's CA bundles for the block; restore them after."""
     found = (await sb.execute(_BUNDLES)).stdout.split("\n")
     bundles = [b for b in found if b.strip()]
@@ -186,7 +186,7 @@ async def _trust(sb: CommandRunner, ca_path: str) -> AsyncIterator[None]:
             await sb.execute(f"cp -p -- {saved}/{i} {shlex.quote(bundle)}")
 
 
-async def _bind_over(sb: CommandRunner, source: str, target: str) -> None:
+async def _bind_over(sb: SandboxAPI, source: str, target: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-I",
@@ -203,7 +203,7 @@ async def _bind_over(sb: CommandRunner, source: str, target: str) -> None:
         raise ServiceError(f"binding {source} over {target} failed: {out.decode().strip()}")
 
 
-async def _nsenter(sb: CommandRunner, namespaces: list[str], argv: list[str]) -> None:
+async def _nsenter(sb: SandboxAPI, namespaces: list[str], argv: list[str]) -> None:
     """Run `argv` on the host in the sandbox's `namespaces` (nsenter options)."""
     if sb.pid is None:
         raise ServiceError("the sandbox is not running")
@@ -222,7 +222,7 @@ async def _nsenter(sb: CommandRunner, namespaces: list[str], argv: list[str]) ->
 
 
 async def _wait_ready(
-    sb: CommandRunner, server: asyncio.Task, python: str, info: str
+    sb: SandboxAPI, server: asyncio.Task, python: str, info: str
 ) -> tuple[str, str]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + READY_TIMEOUT
@@ -241,7 +241,7 @@ async def _wait_ready(
 
 
 @contextlib.asynccontextmanager
-async def _tarpit(sb: CommandRunner, _args: list[str]) -> AsyncIterator[dict[str, str]]:
+async def _tarpit(sb: SandboxAPI, _args: list[str]) -> AsyncIterator[dict[str, str]]:
     """Connections to addresses outside the sandbox hang until the client's timeout, as they do
     to an unroutable address (a "tarpit" such as 10.255.255.1) on a connected host, instead of
     failing at once with "network is unreachable". Suites test connect timeouts that way.

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, NoReturn, cast
 
 from minisandbox.errors import SandboxLimitError, SandboxNotRunningError, SandboxStartError
 from minisandbox.sandbox import dirs, egress, memory, runtime, startup, watchdog
+from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.sandbox.bwrap import explain_bwrap_failure
 from minisandbox.sandbox.cgroups import SandboxCgroup, delegated_parent
 from minisandbox.sandbox.channel import CONTROL_SHELL, ChannelDir, ControlChannel, ControlFifos
@@ -475,3 +476,4 @@ class Sandbox(FileOperations, SessionOperations):
 
 if TYPE_CHECKING:
     _host: SessionHost = cast(Sandbox, None)  # a Sandbox is what its sessions need
+    _api: SandboxAPI = cast(Sandbox, None)  # and the declared API (sandbox/api.py)

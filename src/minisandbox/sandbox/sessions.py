@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import cast
 
 from minisandbox.errors import SessionError
+from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
 from minisandbox.sandbox.session import SessionHost, ShellSession
 
 
@@ -18,10 +19,19 @@ class SessionOperations:
     def require_running(self) -> None:
         raise NotImplementedError
 
-    async def create_session(self, name: str = "default", **kwargs: Any) -> ShellSession:
-        """Start a persistent interactive bash (its own pty) and return its ShellSession.
-        `kwargs` go to ShellSession (env, max_output, columns, rows). It is closed with the
-        sandbox, or by its `close()` or `close_session(name)`.
+    async def create_session(
+        self,
+        name: str = "default",
+        *,
+        env: dict[str, str] | None = None,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+        columns: int = 200,
+        rows: int = 50,
+    ) -> ShellSession:
+        """Start a persistent interactive bash (its own pty) and return its ShellSession:
+        `env` is added to its environment, `max_output` caps what one command returns,
+        `columns` and `rows` size its terminal. It is closed with the sandbox, or by its
+        `close()` or `close_session(name)`.
 
         Raises:
             SessionError: a session of that name exists, or the shell did not start.
@@ -34,7 +44,15 @@ class SessionOperations:
         self.require_running()
         # The class that mixes this in is the SessionHost (checked where Sandbox is defined).
         host = cast(SessionHost, self)
-        session = ShellSession(host, name, on_close=self._forget_session, **kwargs)
+        session = ShellSession(
+            host,
+            name,
+            env=env,
+            max_output=max_output,
+            columns=columns,
+            rows=rows,
+            on_close=self._forget_session,
+        )
         self._sessions[name] = session
         try:
             await session.start()

@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Coroutine, Sequence
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
+from minisandbox.sandbox.api import OnOutput, SessionAPI, SyncSandboxAPI
 from minisandbox.sandbox.config import SandboxConfig
+from minisandbox.sandbox.files import READ_MAX_BYTES
+from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
 from minisandbox.sandbox.sandbox import ExecResult, Sandbox
-from minisandbox.sandbox.session import SessionResult, ShellSession
+from minisandbox.sandbox.session import SessionResult
 
 T = TypeVar("T")
 _loop: asyncio.AbstractEventLoop | None = None
@@ -72,15 +75,30 @@ def call_soon(coro: Coroutine[Any, Any, None]) -> None:
 
 
 class SyncSession:
-    def __init__(self, session: ShellSession) -> None:
+    """A ShellSession whose calls block (see SyncSandboxAPI)."""
+
+    def __init__(self, session: SessionAPI) -> None:
         self._session = session
         self.name = session.name
 
-    def run(self, command: str, **kwargs: Any) -> SessionResult:
-        return run_sync(self._session.run(command, **kwargs))
+    @property
+    def busy(self) -> bool:
+        return self._session.busy
 
-    def send(self, text: str, **kwargs: Any) -> SessionResult:
-        return run_sync(self._session.send(text, **kwargs))
+    def run(
+        self,
+        command: str,
+        *,
+        timeout: float | None = None,
+        expect: Sequence[str] | None = None,
+        input: str | None = None,
+    ) -> SessionResult:
+        return run_sync(self._session.run(command, timeout=timeout, expect=expect, input=input))
+
+    def send(
+        self, text: str, *, timeout: float | None = None, expect: Sequence[str] | None = None
+    ) -> SessionResult:
+        return run_sync(self._session.send(text, timeout=timeout, expect=expect))
 
     def interrupt(self, timeout: float = 2.0) -> SessionResult:
         return run_sync(self._session.interrupt(timeout))
@@ -90,16 +108,27 @@ class SyncSession:
 
 
 class SyncSandbox:
-    """`with SyncSandbox(layers=[...]) as sb: sb.execute("pytest")`"""
+    """`with SyncSandbox(layers=[...]) as sb: sb.execute("pytest")`: a `Sandbox` whose calls
+    block, with its names and parameters (SyncSandboxAPI). `execute`'s `on_output` is called
+    in the sandbox loop's thread."""
 
     def __init__(self, config: SandboxConfig | None = None, **kwargs: Any) -> None:
         self.sandbox = Sandbox(config, **kwargs)
+        self.id = self.sandbox.id
 
     def __enter__(self) -> SyncSandbox:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self.sandbox.running
+
+    @property
+    def pid(self) -> int | None:
+        return self.sandbox.pid
 
     def start(self) -> SyncSandbox:
         run_sync(self.sandbox.start())
@@ -108,17 +137,76 @@ class SyncSandbox:
     def stop(self) -> None:
         run_sync(self.sandbox.stop())
 
-    def execute(self, command: str | Sequence[str], **kwargs: Any) -> ExecResult:
-        return run_sync(self.sandbox.execute(command, **kwargs))
+    def execute(
+        self,
+        command: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+        stdin: bytes | str | None = None,
+        merge_stderr: bool = False,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+        on_output: OnOutput | None = None,
+    ) -> ExecResult:
+        return run_sync(
+            self.sandbox.execute(
+                command,
+                cwd=cwd,
+                env=env,
+                timeout=timeout,
+                stdin=stdin,
+                merge_stderr=merge_stderr,
+                max_output=max_output,
+                on_output=on_output,
+            )
+        )
 
-    def create_session(self, name: str = "default", **kwargs: Any) -> SyncSession:
-        return SyncSession(run_sync(self.sandbox.create_session(name, **kwargs)))
+    def read_file(self, path: str, *, max_bytes: int = READ_MAX_BYTES) -> bytes:
+        return run_sync(self.sandbox.read_file(path, max_bytes=max_bytes))
 
-    def read_file(self, path: str) -> bytes:
-        return run_sync(self.sandbox.read_file(path))
+    def read_text(
+        self,
+        path: str,
+        *,
+        encoding: str = "utf-8",
+        errors: str = "backslashreplace",
+        max_bytes: int = READ_MAX_BYTES,
+    ) -> str:
+        return run_sync(
+            self.sandbox.read_text(path, encoding=encoding, errors=errors, max_bytes=max_bytes)
+        )
 
-    def write_file(self, path: str, data: bytes | str, mode: int | None = None) -> None:
+    def write_file(self, path: str, data: bytes | str, *, mode: int | None = None) -> None:
         run_sync(self.sandbox.write_file(path, data, mode=mode))
 
     def upload(self, source: str | os.PathLike[str], target: str) -> None:
         run_sync(self.sandbox.upload(source, target))
+
+    def create_session(
+        self,
+        name: str = "default",
+        *,
+        env: dict[str, str] | None = None,
+        max_output: int | None = DEFAULT_MAX_OUTPUT,
+        columns: int = 200,
+        rows: int = 50,
+    ) -> SyncSession:
+        session = self.sandbox.create_session(
+            name, env=env, max_output=max_output, columns=columns, rows=rows
+        )
+        return SyncSession(run_sync(session))
+
+    def session(self, name: str = "default") -> SyncSession:
+        return SyncSession(self.sandbox.session(name))
+
+    @property
+    def sessions(self) -> list[str]:
+        return self.sandbox.sessions
+
+    def close_session(self, name: str) -> None:
+        run_sync(self.sandbox.close_session(name))
+
+
+if TYPE_CHECKING:
+    _api: SyncSandboxAPI = cast(SyncSandbox, None)  # the declared API (sandbox/api.py)
