@@ -18,6 +18,7 @@ from pathlib import Path
 
 from attacks import AttackContext, AttackSkipped, attack, py, scratch_subdir, sh
 from minisandbox import Sandbox, SandboxConfig
+from minisandbox.cluster.messages import Upload
 from minisandbox.cluster.node import NodeAgent, _Open
 from minisandbox.errors import CommandTimeoutError, SandboxFileError
 from minisandbox.layers.errors import CacheOwnerError
@@ -237,6 +238,11 @@ def _tar(members: list[tuple[str, bytes, str, bytes]]) -> bytes:
     return buf.getvalue()
 
 
+def _upload(members: list[tuple[str, bytes, str, bytes]]) -> Upload:
+    """The request a driver sends for a directory `up` of `members`."""
+    return Upload(name="up", data=_tar(members), target="/testbed/up", is_dir=True)
+
+
 @attack
 async def attack_node_upload_writes_outside(ctx: AttackContext) -> None:
     """What a node's agent is sent as an upload is extracted on the node first: a symlink
@@ -264,7 +270,7 @@ async def attack_node_upload_writes_outside(ctx: AttackContext) -> None:
         agent.opened[sb.id] = _Open(sb, contextlib.AsyncExitStack())
         for what, members in hostile.items():
             try:
-                await agent.upload(sb.id, "up", _tar(members), "/testbed/up", True)
+                await agent.call(sb.id, _upload(members))
             except SandboxFileError:
                 pass
             else:
@@ -279,7 +285,7 @@ async def attack_node_upload_writes_outside(ctx: AttackContext) -> None:
             ("up/s", sym, "f", b""),
             ("up/h", lnk, "up/f", b""),
         ]
-        await agent.upload(sb.id, "up", _tar(plain), "/testbed/up", True)
+        await agent.call(sb.id, _upload(plain))
         r = await sb.execute("cat /testbed/up/f /testbed/up/s /testbed/up/h")
         assert r.stdout == "content\n" * 3, f"a plain upload did not arrive: {r.output}"
         agent.opened.pop(sb.id)
