@@ -26,6 +26,7 @@ from _common import host_info, log, percentile, run_main
 
 from minisandbox.evaluation.evaluator import EVAL_ENV, Evaluator
 from minisandbox.integrations.tasks import TaskSandbox
+from minisandbox.runtime import Runtime
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.eval_script import make_eval_script
 from minisandbox.tasks.loaders import load_tasks
@@ -42,7 +43,7 @@ async def _timed(fn: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
 
 
 async def core_episode(builder: Builder, task: Task) -> dict[str, float]:
-    ts = TaskSandbox(task, builder=builder)
+    ts = TaskSandbox(task, runtime=Runtime(builder=builder))
     start_s, sb = await _timed(ts.start)
     try:
         reset_s, r = await _timed(lambda: sb.execute(RESET, cwd="/testbed"))

@@ -570,7 +570,7 @@ async def run_cluster(
             await pool.start()
             # Untimed: the driver resolves each task's layers once per pool (all built already).
             for t in tasks:
-                await pool._task_layers(t, True)
+                await pool.node_layers(t, "evaluation")
         meter = CpuMeter([g.name for g in groups])
         await run_passes(groups, meter, tasks, episodes, args.chunk)
         idle = await idle_cpu(meter, groups, args.idle_sample)

@@ -14,7 +14,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "minisandbox"
 MODULES = sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
-MAX_MODULE_LINES = 500
+# Guidance, not a reason to move code: a module holds one idea, most in under 500 lines; the
+# check only catches one that has grown into two or three. (The import contracts are the rule.)
+MAX_MODULE_LINES = 800
 MAX_FUNCTION_LINES = 60
 # A longer function says why on the line of its `def` or the line above: `# long: <why>`.
 _LONG_REASON = re.compile(r"#\s*long:\s*\S")
@@ -31,7 +33,7 @@ def test_the_checks_see_the_package() -> None:
 @pytest.mark.parametrize("path", MODULES, ids=_name)
 def test_module_size(path: Path) -> None:
     lines = len(path.read_text().splitlines())
-    assert lines <= MAX_MODULE_LINES, f"{_name(path)} has {lines} lines: split it"
+    assert lines <= MAX_MODULE_LINES, f"{_name(path)} has {lines} lines: does it hold two ideas?"
 
 
 def _long_functions(text: str) -> list[str]:

@@ -211,3 +211,15 @@ def test_block_runs(block: Block, docs_env: dict[str, str], workdir: Path) -> No
         f"cannot run in CI as written.\n--- code\n{block.code}\n--- stdout\n{stdout[-4000:]}"
         f"\n--- stderr\n{stderr[-4000:]}"
     )
+
+
+def test_the_api_reference_is_current() -> None:
+    # docs/api.md is generated from the docstrings: a changed docstring or signature without
+    # a regenerated reference fails here, naming the command.
+    check = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "api_reference.py"), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr

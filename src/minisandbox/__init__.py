@@ -15,6 +15,7 @@ _EXPORTS = {
     "ShellSession": "sandbox.session",
     "SessionResult": "sandbox.session",
     "SyncSandbox": "sandbox.sync",
+    "Runtime": "runtime.runtime",
     "Builder": "tasks.builder",
     "BuildSettings": "tasks.builder",
     "Task": "tasks.specs",
@@ -27,6 +28,7 @@ _EXPORTS = {
 
 if TYPE_CHECKING:
     from minisandbox.evaluation.evaluator import EvalResult, Evaluator, evaluate, evaluate_many
+    from minisandbox.runtime.runtime import Runtime
     from minisandbox.sandbox.config import Limits, SandboxConfig
     from minisandbox.sandbox.sandbox import ExecResult, Sandbox
     from minisandbox.sandbox.session import SessionResult, ShellSession
@@ -42,6 +44,7 @@ __all__ = [
     "Evaluator",
     "ExecResult",
     "Limits",
+    "Runtime",
     "Sandbox",
     "SandboxConfig",
     "SessionResult",

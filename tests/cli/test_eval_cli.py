@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from minisandbox.errors import TaskNotValidatedError
-from minisandbox.evaluation.validation import agent_sandbox, read_validation, validate
+from minisandbox.evaluation.validation import read_validation, validate
+from minisandbox.runtime import Runtime
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.eval_script import START_MARKER
 from minisandbox.tasks.loaders import load_tasks
@@ -244,21 +245,25 @@ def test_build_validate_and_require_validated(settings, built, tmp_path: Path, m
     strict = Builder(BuildSettings(**{**settings.model_dump(), "require_validated": True}))
     assert BuildSettings().require_validated  # the environment variable turns it on
 
+    runtime = Runtime(builder=strict)
+
     async def go() -> None:
         bad = await validate(strict, no_gold)
         assert not bad.valid and "gold patch does not resolve" in bad.reason
-        async with agent_sandbox(strict, task) as sb:  # validated: allowed
+        async with runtime.sandbox(task) as sb:  # validated: allowed
             assert (await sb.execute("true")).exit_code == 0
         for refused, why in ((changed, "has no validation"), (no_gold, "failed validation")):
             with pytest.raises(TaskNotValidatedError, match=why) as e:
-                async with agent_sandbox(strict, refused):
+                async with runtime.sandbox(refused):
                     pass
             assert "minisandbox build" in str(e.value) and "--validate" in str(e.value)
-        async with agent_sandbox(strict, changed, require_validated=False):  # waived
+        async with runtime.sandbox(changed, require_validated=False):  # waived
             pass
-        async with strict.sandbox(changed):  # evaluation's own sandboxes: no policy
+        async with runtime.sandbox(changed, purpose="evaluation"):  # a grader's: no policy
             pass
-        with pytest.raises(TypeError, match="agent_sandbox"):  # the old per-call switch
+        async with strict.sandbox(changed):  # the build's own sandboxes: no policy
+            pass
+        with pytest.raises(TypeError, match="Runtime"):  # the old per-call switch
             async with strict.sandbox(changed, require_validated=False):
                 pass
 

@@ -28,6 +28,7 @@ ray = pytest.importorskip("ray", reason="the `ray` extra is not installed")
 from cluster_helpers import CAPACITY, Nodes, agent_leftovers, our_processes, wait_until  # noqa: E402
 
 from minisandbox.cluster import NodeLostError, PoolConfig, RemoteSandbox, SandboxPool  # noqa: E402
+from minisandbox.cluster.pool import portable  # noqa: E402
 from minisandbox.cluster.shared import shared_pool  # noqa: E402
 from minisandbox.envs.portable import travels  # noqa: E402
 from minisandbox.errors import (  # noqa: E402
@@ -40,7 +41,6 @@ from minisandbox.layers.store import LayerStore  # noqa: E402
 from minisandbox.sandbox.runtime import remove_tree  # noqa: E402
 from minisandbox.sandbox.sync import run_sync  # noqa: E402
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
-from minisandbox.tasks.launch import portable  # noqa: E402
 from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 from minisandbox.tasks.specs import Task  # noqa: E402
 
@@ -207,7 +207,7 @@ async def test_a_pool_sandbox_has_the_local_api(pool: SandboxPool, tasks: list[T
         # a distribution's, under /usr, which cannot travel: the node's own is used).
         prefix = pool.builder.interpreter(tasks[0]).prefix
         assert (await sb.execute(["test", "-x", f"{prefix}/bin/python3"])).exit_code == 0
-        layers, _ = await pool._task_layers(tasks[0], False)
+        layers = await pool.node_layers(tasks[0])
         if travels(prefix):
             assert layers.ro_paths == [] and layers.interpreters
         else:
@@ -242,7 +242,7 @@ async def test_nodes_that_do_not_see_the_store_get_layers_through_ray(
         assert [r.reward for r in empty] == [0.0] * 3
         # What a node copied is each layer's files at most once.
         store = pool.builder.store
-        ids = {i for t in tasks for i in (await pool._task_layers(t, True))[0].ids}
+        ids = {i for t in tasks for i in (await pool.node_layers(t, "evaluation")).ids}
         files = {f for i in ids for f in layer_files(store, i)}
         whole = sum((store.root / f).stat().st_size for f in files)
         copied = [s["copied_bytes"] for s in (await pool.stats())["nodes"].values()]
@@ -256,7 +256,7 @@ async def test_nodes_that_do_not_see_the_store_get_layers_through_ray(
 async def test_a_sandbox_goes_where_its_layers_are(pool: SandboxPool, tasks: list[Task]) -> None:
     # A node that holds a task's layers is preferred to one that does not.
     task = tasks[1]
-    layers, _ = await pool._task_layers(task, False)
+    layers = await pool.node_layers(task)
     holder = next((n for n in pool.nodes if set(layers.ids) <= n.cached), None)
     if holder is None:
         async with pool.sandbox(task) as sb:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from minisandbox.evaluation.evaluator import Evaluator
-from minisandbox.evaluation.validation import agent_sandbox
+from minisandbox.runtime import Runtime
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
@@ -89,7 +89,7 @@ async def test_nothing_in_a_bug_tasks_sandbox_shows_the_clean_code(
 ) -> None:
     builder = Builder(settings)
     task = bug_tasks[0]
-    async with agent_sandbox(builder, task, require_validated=False) as sb:
+    async with Runtime(builder=builder).sandbox(task, require_validated=False) as sb:
         r = await sb.execute("git status --porcelain; git log --format=%s; git diff HEAD")
         assert r.stdout == "Initial commit\n", r.output
         source = await sb.read_file("/testbed/src/datekit/__init__.py")

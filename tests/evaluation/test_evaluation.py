@@ -353,11 +353,8 @@ async def test_the_procedure_on_a_scripted_runner(
     want_cmd: str,
     resolved: bool,
 ) -> None:
-    from minisandbox.evaluation.evaluator import EvalResult
-
     runner = _ScriptedRunner(apply_codes, _scripted_log(task, status), rc)
-    result = EvalResult(instance_id=task.id, status="error", resolved=False, reward=0.0)
-    await Evaluator(timeout=60).run_in(runner, task, task.gold_patch, result)
+    result = await Evaluator(timeout=60).run_in(runner, task, task.gold_patch)
     assert result.apply_command == want_cmd and result.patch_applied
     assert result.resolved is resolved and result.reward == (1.0 if resolved else 0.0)
     assert runner.files["/eval.sh"] == make_eval_script(task)
@@ -368,9 +365,6 @@ async def test_the_procedure_on_a_scripted_runner(
 
 
 async def test_a_patch_no_command_applies_is_an_error_on_a_scripted_runner(task: Task) -> None:
-    from minisandbox.evaluation.evaluator import EvalResult
-
     runner = _ScriptedRunner([1, 1, 1], "", "0")
-    result = EvalResult(instance_id=task.id, status="error", resolved=False, reward=0.0)
-    await Evaluator(timeout=60).run_in(runner, task, task.gold_patch, result)
+    result = await Evaluator(timeout=60).run_in(runner, task, task.gold_patch)
     assert result.status == "error" and not result.patch_applied and "/eval.sh" not in runner.files

@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import typer
 
@@ -122,12 +122,15 @@ def _open(
     from minisandbox.sandbox.sandbox import Sandbox
 
     if task:
-        from minisandbox.evaluation.validation import agent_sandbox
+        from minisandbox.runtime import Runtime
 
         (spec,) = load_dataset(tasks, envs_dir, [task], allow_abs)
         # A cold store builds first (minutes): say so on stderr, not a blank screen.
         on_phase = None if quiet else _phase_on_stderr
-        return agent_sandbox(make_builder(store, cache, mirror), spec, on_phase=on_phase)
+        runtime = Runtime(builder=make_builder(store, cache, mirror))
+        # The agent's sandbox (the validation policy checked); this host's: a Sandbox.
+        opened = runtime.sandbox(spec, purpose="agent", on_phase=on_phase)
+        return cast("AbstractAsyncContextManager[Sandbox]", opened)
     return Sandbox(_layers_config(layer or [], upper, network, ro or [], workdir))
 
 

@@ -9,6 +9,8 @@ call raised (Ray re-raises them on the driver).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict
 
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
@@ -110,6 +112,13 @@ class SessionReply(BaseModel):
 
     result: SessionResult | None
     busy: bool
+
+
+class EvalSettings(_Request):
+    """How a node grades (an Evaluator's settings: its `on_phase` stays on the driver)."""
+
+    timeout: float
+    grading: Literal["guarded", "harness"] = "guarded"
 
 
 class StartFacts(BaseModel):

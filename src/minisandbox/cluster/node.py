@@ -24,12 +24,14 @@ import os
 import tarfile
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from minisandbox.cluster.messages import (
     AgentStats,
     CreateSession,
+    EvalSettings,
     Execute,
     IsRunning,
     NodeInfo,
@@ -53,8 +55,7 @@ from minisandbox.layers.budget import LocalIOBudget
 from minisandbox.layers.replica import copy_layer
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.sandbox.session import SessionResult
-from minisandbox.tasks.builder import Builder
-from minisandbox.tasks.launch import TaskLayers, launch
+from minisandbox.tasks.builder import Builder, TaskLayers, launch
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import settle
 
@@ -236,25 +237,25 @@ class NodeAgent:
         layers: dict[str, Any],
         task: dict[str, Any],
         patch: str | None,
-        timeout: float,
+        settings: EvalSettings,
         overrides: dict[str, Any],
-    ) -> tuple[EvalResult, StartFacts]:
-        """Evaluate `patch` for `task` (as evaluation runs it) in a fresh sandbox of `layers`,
-        as `Evaluator.evaluate` does; the result and how the sandbox started.
+    ) -> tuple[EvalResult, StartFacts | None]:
+        """Grade `patch` for `task` (as graded) in a fresh sandbox of `layers`, as
+        `Evaluator.evaluate_in` does on any host: the result (an error one when the sandbox
+        could not be started) and how the sandbox started (None then)."""
+        the_layers = TaskLayers.model_validate(layers)
+        started: list[StartFacts] = []
 
-        Raises:
-            SandboxStartError: and what `launch` raises (Evaluator.evaluate makes them error
-                results; the pool does).
-        """
-        began = time.monotonic()
-        the_task = Task.model_validate(task)
-        result = EvalResult.not_graded(the_task.id, patch)
-        evaluator = Evaluator(self.builder, timeout=timeout)
-        async with contextlib.AsyncExitStack() as stack:
-            sb, facts = await self._enter(stack, TaskLayers.model_validate(layers), overrides)
-            await evaluator.run_in(sb, the_task, patch or "", result)
-        result.duration_s = round(time.monotonic() - began, 3)
-        return result, facts
+        @contextlib.asynccontextmanager
+        async def sandbox() -> AsyncIterator[Sandbox]:
+            async with contextlib.AsyncExitStack() as stack:
+                sb, facts = await self._enter(stack, the_layers, overrides)
+                started.append(facts)
+                yield sb
+
+        evaluator = Evaluator(timeout=settings.timeout, grading=settings.grading)
+        result = await evaluator.evaluate_in(sandbox, Task.model_validate(task), patch)
+        return result, (started[0] if started else None)
 
     # ---------------------------------------------------------------- one sandbox's API
 

@@ -8,7 +8,7 @@
     await pool.close()
 
 The driver resolves a task's layers (building what is missing, into the shared store) and turns
-host interpreters into layers (tasks.launch.portable), so a node needs only the store and bwrap;
+host interpreters into layers (`portable`), so a node needs only the store and bwrap;
 a node that does not see the store copies the layers it needs from the driver's, through Ray
 (store_source.py). Nodes that join the cluster later are taken up as placement finds them.
 It places each sandbox (placement.py): on a node that already holds its layers, unless that node
@@ -29,21 +29,24 @@ import asyncio
 import contextlib
 import os
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from minisandbox.cluster.config import PoolConfig
-from minisandbox.cluster.messages import AgentStats, NodeInfo, StartFacts
+from minisandbox.cluster.messages import AgentStats, EvalSettings, NodeInfo, StartFacts
 from minisandbox.cluster.node import NodeAgent
 from minisandbox.cluster.placement import NodeView, choose
 from minisandbox.cluster.remote import RemoteSandbox
 from minisandbox.cluster.store_source import StoreSource
+from minisandbox.envs.layerbuild import LayerBuilder
+from minisandbox.envs.portable import interpreter_layer, travels
 from minisandbox.errors import MiniSandboxError, NodeLostError, PoolError
-from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, EVAL_ENV, EvalResult
-from minisandbox.evaluation.validation import check_validated
-from minisandbox.tasks.builder import Builder, BuildSettings
-from minisandbox.tasks.launch import TaskLayers, portable
+from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, EvalResult, Evaluator
+from minisandbox.evaluation.purposes import Purpose
+from minisandbox.runtime import Runtime
+from minisandbox.tasks.builder import Builder, BuildSettings, TaskLayers
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import settle
 
@@ -58,7 +61,25 @@ except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
 
 T = TypeVar("T")
 _RECOUNT_S = 2.0
+_REMEMBERED = 4096  # layer sets made portable (an RL run meets each task many times)
 _AGENT = ray.remote(NodeAgent)  # one actor class for every agent: Ray exports it once
+
+
+async def portable(lb: LayerBuilder, layers: TaskLayers) -> TaskLayers:
+    """`layers` for a node that may not have this host's interpreters: each host path that can
+    travel becomes a layer of the store (published once, envs.portable).
+
+    Raises:
+        OSError: an interpreter's prefix could not be read.
+    """
+    moving = [p for p in layers.ro_paths if travels(p)]
+    ids = [await interpreter_layer(lb, p) for p in moving]
+    return layers.model_copy(
+        update={
+            "interpreters": list(dict.fromkeys([*layers.interpreters, *ids])),
+            "ro_paths": [p for p in layers.ro_paths if p not in moving],
+        }
+    )
 
 
 def _quiet(task: asyncio.Task[int]) -> None:
@@ -81,7 +102,7 @@ class SandboxPool:
         store = self.config.store
         self.builder = builder or Builder(BuildSettings(store=store) if store else None)
         self.nodes: list[_Node] = []
-        self._layers: dict[tuple[str, bool], tuple[TaskLayers, dict[str, int]]] = {}
+        self._layers: OrderedDict[str, tuple[TaskLayers, dict[str, int]]] = OrderedDict()
         self._sizes: dict[str, int] = {}
         self._changed: asyncio.Condition | None = None
         self._turn = 0
@@ -92,6 +113,9 @@ class SandboxPool:
         self._looked_at = 0.0
         self._tried: set[str] = set()  # nodes an agent was started on (or failed to start)
         self._store_id = ""
+        self.runtime = Runtime(builder=self.builder, backend=self, build=self.config.build)
+        """Every sandbox and grade of a task on this pool: `runtime.sandbox(task, purpose=...)`,
+        `runtime.evaluate(task, patch)`."""
         self.started: list[dict[str, Any]] = []
         """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
         its StartFacts' fields (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
@@ -273,27 +297,27 @@ class SandboxPool:
 
     # ---------------------------------------------------------------- placement
 
-    async def _task_layers(
-        self, task: Task, evaluation: bool, build: bool | None = None
-    ) -> tuple[TaskLayers, dict[str, int]]:
-        """The task's layers, portable (built first when missing and allowed), and their sizes;
-        remembered for the pool's life."""
-        key = (task.id, evaluation)
-        if key not in self._layers:
-            extra = EVAL_ENV if evaluation else None
-            layers = await self.builder.layers(
-                task,
-                build=self.config.build if build is None else build,
-                evaluation=evaluation,
-                extra_env=extra,
-            )
-            layers = await portable(self.builder, layers)
-            for layer in layers.ids:
-                if layer not in self._sizes:
-                    info = await asyncio.to_thread(self.builder.store.info, layer)
-                    self._sizes[layer] = info.size
-            self._layers[key] = (layers, {i: self._sizes[i] for i in layers.ids})
+    async def _portable(self, layers: TaskLayers) -> tuple[TaskLayers, dict[str, int]]:
+        """`layers` as any node can start them (host interpreters as layers:
+        `portable`) and their sizes; remembered for the last few thousand layer sets."""
+        key = layers.model_dump_json()
+        if key in self._layers:
+            self._layers.move_to_end(key)
+            return self._layers[key]
+        moved = await portable(self.builder, layers)
+        for layer in moved.ids:
+            if layer not in self._sizes:
+                info = await asyncio.to_thread(self.builder.store.info, layer)
+                self._sizes[layer] = info.size
+        self._layers[key] = (moved, {i: self._sizes[i] for i in moved.ids})
+        while len(self._layers) > _REMEMBERED:
+            self._layers.popitem(last=False)
         return self._layers[key]
+
+    async def node_layers(self, task: Task, purpose: Purpose = "agent") -> TaskLayers:
+        """What a node starts for a sandbox of `task` for `purpose`: the Runtime's layers,
+        made portable (built first when missing and the pool builds)."""
+        return (await self._portable(await self.runtime.layers(task, purpose)))[0]
 
     async def _place(self, sizes: dict[str, int]) -> _Node:
         """A node with a free slot for these layers (waiting for one), its slot taken and the
@@ -349,37 +373,19 @@ class SandboxPool:
         node.cached.update(layers.ids)
         node.others = max(0, facts.node_sandboxes - node.mine)
 
-    # ---------------------------------------------------------------- episodes
+    # ---------------------------------------------------------------- the backend
 
     @contextlib.asynccontextmanager
-    async def sandbox(
-        self,
-        task: Task,
-        *,
-        evaluation: bool = False,
-        extra_env: dict[str, str] | None = None,
-        build: bool | None = None,
-        require_validated: bool | None = None,
-        **overrides: Any,
-    ) -> AsyncIterator[RemoteSandbox]:
-        """A sandbox of `task` on some node, stopped when the block ends, as `Builder.sandbox`
-        gives one: `extra_env` is added to the task's variables, `build` (default: the pool's)
-        builds its missing layers, `overrides` are SandboxConfig fields. An agent's sandbox:
-        refused for a task without a passing validation when the policy asks for one (as
-        evaluation.validation.agent_sandbox).
+    async def open(self, layers: TaskLayers, **overrides: Any) -> AsyncIterator[RemoteSandbox]:
+        """A sandbox of `layers` on some node (the Runtime's Backend), stopped when the block
+        ends; `overrides` are SandboxConfig fields.
 
         Raises:
             NodeLostError: its node was lost (at the start, or by any later call).
-            PoolError: no node is alive.
-            TaskNotValidatedError: the policy is on and the task has no passing validation.
-            TaskNotBuiltError, TaskBuildError, SandboxStartError: as `Builder.sandbox`.
+            PoolError: no node is alive, or the pool is closed.
+            SandboxStartError: and the node cache's errors.
         """
-        required = self.builder.settings.require_validated
-        if required if require_validated is None else require_validated:
-            check_validated(self.builder, task)
-        layers, sizes = await self._task_layers(task, evaluation, build)
-        if extra_env:
-            layers = layers.model_copy(update={"env_vars": {**layers.env_vars, **extra_env}})
+        layers, sizes = await self._portable(layers)
         node = await self._place(sizes)
         try:
             facts: StartFacts = await self._call(
@@ -399,6 +405,75 @@ class SandboxPool:
                 await sb.stop()
         finally:
             await self._release(node, sizes)
+
+    async def grade(
+        self,
+        layers: TaskLayers,
+        task: Task,
+        patch: str | None,
+        evaluator: Evaluator,
+        **overrides: Any,
+    ) -> EvalResult:
+        """`evaluator`'s procedure on a node, in a fresh sandbox of `layers` (the Runtime's
+        Backend): one call, the whole evaluation on the node. A node lost mid-way is tried
+        again elsewhere (the pool's `retries`), then gives an error result naming it."""
+        left = self.config.retries
+        while True:
+            try:
+                return await self._grade_once(layers, task, patch, evaluator, overrides)
+            except NodeLostError as e:
+                if left > 0:
+                    left -= 1
+                    continue
+                error: MiniSandboxError = e
+            except MiniSandboxError as e:
+                error = e
+            return evaluator.not_graded(task.id, patch, error)
+
+    async def _grade_once(
+        self,
+        layers: TaskLayers,
+        task: Task,
+        patch: str | None,
+        evaluator: Evaluator,
+        overrides: dict[str, Any],
+    ) -> EvalResult:
+        layers, sizes = await self._portable(layers)
+        node = await self._place(sizes)
+        try:
+            result, facts = await self._call(
+                node,
+                "evaluate",
+                layers.model_dump(mode="json"),
+                task.model_dump(mode="json"),
+                patch,
+                EvalSettings(timeout=evaluator.timeout, grading=evaluator.grading),
+                overrides,
+            )
+            if facts is not None:
+                self._started(node, layers, facts)
+            return EvalResult.model_validate(result)
+        finally:
+            await self._release(node, sizes)
+
+    # ---------------------------------------------------------------- episodes
+
+    @contextlib.asynccontextmanager
+    async def sandbox(
+        self, task: Task, *, purpose: Purpose = "agent", **kwargs: Any
+    ) -> AsyncIterator[RemoteSandbox]:
+        """`Runtime.sandbox` on this pool (`self.runtime`): a sandbox of `task` for
+        `purpose` on some node; an agent's is refused for a task without a passing validation
+        when the policy asks for one.
+
+        Raises:
+            NodeLostError: its node was lost (at the start, or by any later call).
+            PoolError: no node is alive.
+            TaskNotValidatedError, TaskNotBuiltError, TaskBuildError, SandboxStartError: as
+                `Runtime.sandbox`.
+        """
+        async with self.runtime.sandbox(task, purpose=purpose, **kwargs) as sb:
+            yield cast(RemoteSandbox, sb)
 
     async def episode(
         self,
@@ -425,43 +500,12 @@ class SandboxPool:
                 left -= 1
 
     async def evaluate(
-        self,
-        task: Task,
-        patch: str | None,
-        *,
-        timeout: float = DEFAULT_TIMEOUT,
-        retries: int | None = None,
-        **overrides: Any,
+        self, task: Task, patch: str | None, *, timeout: float = DEFAULT_TIMEOUT, **kwargs: Any
     ) -> EvalResult:
-        """`Evaluator.evaluate` on a node: the patch graded in a fresh sandbox of the task. A
-        node lost mid-way gives an error result naming it (after `retries` new tries)."""
-        left = self.config.retries if retries is None else retries
-        while True:
-            try:
-                return await self._evaluate_once(task, patch, timeout, overrides)
-            except NodeLostError as e:
-                if left > 0:
-                    left -= 1
-                    continue
-                error: MiniSandboxError = e
-            except MiniSandboxError as e:
-                error = e
-            return EvalResult.not_graded(task.id, patch, f"{type(error).__name__}: {error}")
-
-    async def _evaluate_once(
-        self, task: Task, patch: str | None, timeout: float, overrides: dict[str, Any]
-    ) -> EvalResult:
-        layers, sizes = await self._task_layers(task, True)
-        graded = self.builder.evaluation_task(task).model_dump(mode="json")
-        node = await self._place(sizes)
-        try:
-            result, facts = await self._call(
-                node, "evaluate", layers.model_dump(mode="json"), graded, patch, timeout, overrides
-            )
-            self._started(node, layers, facts)
-            return EvalResult.model_validate(result)
-        finally:
-            await self._release(node, sizes)
+        """`Runtime.evaluate` on this pool: the patch graded on a node in a fresh sandbox of
+        the task. A node lost mid-way gives an error result naming it (after `retries` new
+        tries)."""
+        return await self.runtime.evaluate(task, patch, timeout=timeout, **kwargs)
 
     # ---------------------------------------------------------------- what happened
 

@@ -36,6 +36,7 @@ from minisandbox.errors import MiniSandboxError
 from minisandbox.layers.budget import LocalIOBudget
 from minisandbox.layers.nodecache import NodeCache
 from minisandbox.layers.store import LayerStore
+from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.sandbox.config import GiB, Limits, SandboxConfig
 from minisandbox.sandbox.memory import host_memory
 from minisandbox.sandbox.sandbox import Sandbox
@@ -120,7 +121,7 @@ def host_ca() -> bytes | None:
     return None
 
 
-async def install_host_ca(sb: Sandbox) -> None:
+async def install_host_ca(sb: SandboxAPI) -> None:
     """Put the host's CA bundle (if it names one) where the build's env says it is."""
     ca = host_ca()
     if ca is not None:
@@ -324,10 +325,11 @@ class LayerBuilder:
         return layer.id
 
     def build_config(
-        self, interp: Interpreter, *, upper: Path, layers: list[Path] | None = None
+        self, interp: Interpreter, *, upper: Path | None, layers: list[Path] | None = None
     ) -> SandboxConfig:
         """A build sandbox: a network namespace of its own with a proxy to the package indexes
-        and git hosts (envs/egress.py), the interpreter and uv mounted, generous limits."""
+        and git hosts (envs/egress.py), the interpreter and uv mounted, generous limits;
+        `upper`: where its writes go (None: a temporary one)."""
         uv = uv_binary()
         return SandboxConfig(
             layers=layers or [],

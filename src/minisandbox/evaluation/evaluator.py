@@ -26,19 +26,20 @@ import contextlib
 import importlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field
 
-from minisandbox.envs.layout import WHEELHOUSE
 from minisandbox.errors import CommandTimeoutError, GradingError, MiniSandboxError, SandboxFileError
 from minisandbox.evaluation import guard
+from minisandbox.evaluation.purposes import EVAL_ENV, graded_task, purpose_layers
 from minisandbox.evaluation.services import start_services
 from minisandbox.evaluation.tampering import runs_pytest, runs_sympy
 from minisandbox.sandbox.api import SandboxAPI
-from minisandbox.tasks.builder import Builder
+from minisandbox.tasks.builder import Builder, TaskLayers, launch
 from minisandbox.tasks.eval_script import END_MARKER, START_MARKER, make_eval_script
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import all_or_none
@@ -63,15 +64,6 @@ EVAL_SCRIPT_PATH = "/eval.sh"
 _HOOK_PATH = "/tmp/.minisandbox-eval-hook.sh"
 _RC_PATH = "/tmp/.minisandbox-test-rc"
 _RC_MAX_BYTES = 64
-# Offline pip: the eval scripts of some repositories reinstall the package (`pip install -e .`);
-# with no index it uses what the environment holds, and for pip's isolated build the wheels of
-# the build requirements that the builder kept (WHEELHOUSE), instead of waiting on a network the
-# sandbox does not have.
-EVAL_ENV = {
-    "PIP_NO_INDEX": "1",
-    "PIP_FIND_LINKS": WHEELHOUSE,
-    "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-}
 # Sourced by bash before the eval script (BASH_ENV). Bash looks functions up before builtins,
 # so this `:` still does nothing (status 0) and the script stays byte-for-byte the published
 # one; at the end marker it records the exit status of the command before it, the test command.
@@ -288,7 +280,8 @@ def grade(task: Task, log: str, *, test_exit_code: int | None = None) -> Grade:
 class Evaluator:
     """Evaluates patches for tasks, each in a fresh sandbox of its task. `on_phase(task_id,
     phase)` is told "starting sandbox", "applying the patch" and "running tests" (for
-    progress displays)."""
+    progress displays). `builder` (made on first use when not given) is the store of the
+    tasks' layers; `Runtime.evaluate` runs the same procedure on any backend."""
 
     def __init__(
         self,
@@ -300,34 +293,87 @@ class Evaluator:
     ):
         if grading not in GRADINGS:
             raise ValueError(f"grading must be one of {', '.join(GRADINGS)}, not {grading!r}")
-        self.builder = builder or Builder()
+        self._builder = builder
         self.timeout = timeout
         self.on_phase = on_phase
         self.grading: Grading = grading
 
-    async def evaluate(self, task: Task, patch: str | None) -> EvalResult:
+    @property
+    def builder(self) -> Builder:
+        if self._builder is None:
+            self._builder = Builder()
+        return self._builder
+
+    async def evaluate(
+        self,
+        task: Task,
+        patch: str | None,
+        *,
+        build: bool = True,
+        run: Callable[[TaskLayers, Task], Awaitable[EvalResult]] | None = None,
+    ) -> EvalResult:
+        """Grade `patch` for `task` in a fresh evaluation sandbox (evaluation.purposes), its
+        missing layers built first when `build`; `run(layers, graded_task)` starts it (default:
+        on this host). An error result when the task could not be built or started."""
+        began = time.monotonic()
+        self.phase(task.id, "starting sandbox")
+        try:
+            layers = await purpose_layers(self.builder, task, "evaluation", build=build)
+            graded = graded_task(self.builder, task, "evaluation")
+        except MiniSandboxError as e:
+            result = self.not_graded(task.id, patch, e)
+        else:
+            if run is None:
+                builder = self.builder
+                result = await self.evaluate_in(lambda: launch(builder, layers), graded, patch)
+            else:
+                result = await run(layers, graded)
+        result.duration_s = round(time.monotonic() - began, 3)
+        return result
+
+    def not_graded(self, task_id: str, patch: str | None, error: Exception) -> EvalResult:
+        result = EvalResult.not_graded(task_id, patch, f"{type(error).__name__}: {error}")
+        result.grading = self.grading
+        return result
+
+    async def evaluate_in(
+        self,
+        open_sandbox: Callable[[], AbstractAsyncContextManager[SandboxAPI]],
+        task: Task,
+        patch: str | None,
+    ) -> EvalResult:
+        """The procedure (`run_in`) in the sandbox `open_sandbox()` gives, `task` as graded; an
+        error result, with what it got to, when the sandbox fails."""
         began = time.monotonic()
         result = EvalResult.not_graded(task.id, patch)
         result.grading = self.grading
         try:
-            if self.on_phase is not None:
-                self.on_phase(task.id, "starting sandbox")
-            async with self.builder.sandbox(task, extra_env=EVAL_ENV, evaluation=True) as sb:
-                await self.run_in(sb, self.builder.evaluation_task(task), patch or "", result)
+            async with open_sandbox() as sb:
+                await self._run(sb, task, patch or "", result)
         except MiniSandboxError as e:
             result.status, result.reason = "error", f"{type(e).__name__}: {e}"
         result.duration_s = round(time.monotonic() - began, 3)
         return result
 
-    def _phase(self, task_id: str, phase: str) -> None:
+    def phase(self, task_id: str, phase: str) -> None:
         if self.on_phase is not None:
             self.on_phase(task_id, phase)
 
-    async def run_in(self, sb: SandboxAPI, task: Task, patch: str, result: EvalResult) -> None:
-        """The harness's procedure in `sb` (a fresh sandbox of the task): apply `patch`, run
-        the eval script with the task's services, grade the log into `result`. Guarded
+    async def run_in(self, sb: SandboxAPI, task: Task, patch: str | None) -> EvalResult:
+        """The harness's procedure in `sb` (a fresh sandbox of the task, `task` as graded):
+        apply `patch`, run the eval script with the task's services, grade the log. Guarded
         grading adds its checks (evaluation.guard) around it; whatever they find, the tests
-        still run, so that `swebench_resolved` is the harness's verdict on the same patch."""
+        still run, so that `swebench_resolved` is the harness's verdict on the same patch.
+
+        Raises:
+            MiniSandboxError: the sandbox failed (`evaluate_in` makes it an error result).
+        """
+        result = EvalResult.not_graded(task.id, patch)
+        await self._run(sb, task, patch or "", result)
+        return result
+
+    async def _run(self, sb: SandboxAPI, task: Task, patch: str, result: EvalResult) -> None:
+        """`run_in`, into `result` (what it got to stays there when the sandbox fails)."""
         result.grading = self.grading
         base = None
         if self.grading == "guarded":
@@ -336,7 +382,7 @@ class Evaluator:
         if result.empty_patch:
             result.patch_applied = True  # nothing to apply: the tests run on the base commit
         else:
-            self._phase(task.id, "applying the patch")
+            self.phase(task.id, "applying the patch")
             await sb.write_file(PATCH_PATH, patch if patch.endswith("\n") else patch + "\n")
             if base is not None:
                 result.tampering += await guard.check_patch(sb, task, PATCH_PATH, patch, base)
@@ -345,7 +391,7 @@ class Evaluator:
                 return
             if base is not None:
                 result.tampering += await guard.check_configs(sb, patch)
-        self._phase(task.id, "running tests")
+        self.phase(task.id, "running tests")
         grader_env = {}
         if base is not None and runs_pytest(task):
             tox = "tox" in task.test_cmd.split()
@@ -471,8 +517,14 @@ async def evaluate(
     return await Evaluator(builder, timeout=timeout, grading=grading).evaluate(task, patch)
 
 
+class Evaluates(Protocol):
+    """What grades a (task, patch) pair: an Evaluator (this host), or a Runtime's."""
+
+    async def evaluate(self, task: Task, patch: str | None) -> EvalResult: ...
+
+
 async def evaluate_many(
-    evaluator: Evaluator,
+    evaluator: Evaluates,
     items: list[tuple[Task, str | None]],
     *,
     jobs: int = 1,

@@ -18,7 +18,7 @@ import json
 import posixpath
 import shlex
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -55,7 +55,7 @@ _RUNNER_PACKAGES = ("_pytest", "pytest", "pluggy", "py", "pytest.py", "py.py")
 _RUNNER_DISTRIBUTIONS = {"pytest", "pluggy", "py"}
 
 
-async def install_runner_pins(sb: SandboxAPI, task: Task, env: dict[str, str]) -> None:
+async def install_runner_pins(sb: SandboxAPI, task: Task, env: Mapping[str, str]) -> None:
     """Install the eval script's own pins of the runner now (from the wheelhouse, as the
     script's install would), before anything of the patch and before the runner is made
     read-only: the script's install is then a no-op, where it used to fail half-way (pip had

@@ -13,9 +13,7 @@ rebuilt layer is a new layer, with no verdict.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
 
@@ -23,7 +21,6 @@ from pydantic import BaseModel, Field
 
 from minisandbox.errors import EvalScriptError, TaskNotBuiltError, TaskNotValidatedError
 from minisandbox.evaluation.evaluator import DEFAULT_TIMEOUT, EvalResult, Evaluator
-from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.eval_script import make_eval_script
 from minisandbox.tasks.specs import Task, files_in_patch
@@ -219,25 +216,3 @@ async def validate(
     # Read-modify-write under the store's own lock: one writer at a time across processes.
     await asyncio.to_thread(builder.store.update_meta, layers[1], record)
     return verdict
-
-
-@contextlib.asynccontextmanager
-async def agent_sandbox(
-    builder: Builder, task: Task, *, require_validated: bool | None = None, **kwargs: Any
-) -> AsyncIterator[Sandbox]:
-    """A sandbox of the task for an agent (integrations, `minisandbox shell` and `exec`):
-    `Builder.sandbox`, refused first for a task without a passing validation when the policy
-    asks for one (`require_validated`, default the settings': BuildSettings.require_validated,
-    $MINISANDBOX_REQUIRE_VALIDATED). Evaluation and validation use `Builder.sandbox`: the
-    policy is about what agents are given, not about grading.
-
-    Raises:
-        TaskNotValidatedError: the policy is on and the task has no passing validation.
-    """
-    required = (
-        builder.settings.require_validated if require_validated is None else require_validated
-    )
-    if required:
-        check_validated(builder, task)
-    async with builder.sandbox(task, **kwargs) as sb:
-        yield sb

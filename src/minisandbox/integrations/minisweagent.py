@@ -29,7 +29,12 @@ from pydantic import BaseModel
 
 from minisandbox.errors import AgentEnvironmentError, CommandTimeoutError, NodeLostError
 from minisandbox.evaluation.evaluator import EvalResult
-from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox.integrations.tasks import (
+    DEFAULT_DATASET,
+    TaskSandbox,
+    resolve_task,
+    task_runtime,
+)
 from minisandbox.sandbox.sync import background_loop, call_soon, run_sync
 from minisandbox.tasks.builder import Builder
 
@@ -123,12 +128,8 @@ class MiniSandboxEnvironment:
                 "the sandbox is already started; a task must be bound first"
             )
         resolved = resolve_task(task, self.config.dataset, self.config.envs_dir)
-        pool = None
-        if self.config.cluster:
-            from minisandbox.cluster.shared import shared_pool
-
-            pool = run_sync(shared_pool(self.config.cluster, builder=self.builder))
-        self._ts = TaskSandbox(resolved, builder=self.builder, pool=pool, **self.config.sandbox)
+        runtime = run_sync(task_runtime(self.config.cluster, builder=self.builder))
+        self._ts = TaskSandbox(resolved, runtime=runtime, **self.config.sandbox)
         self.config.task = resolved.id
 
     def start(self) -> None:

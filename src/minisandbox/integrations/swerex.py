@@ -38,7 +38,12 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from minisandbox import errors
 from minisandbox.integrations.swerex_runtime import MiniSandboxRuntime, default_logger
-from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox.integrations.tasks import (
+    DEFAULT_DATASET,
+    TaskSandbox,
+    resolve_task,
+    task_runtime,
+)
 from minisandbox.sandbox.config import Limits
 from minisandbox.sandbox.rootfs import DEFAULT_PATH
 from minisandbox.sandbox.sync import on_loop
@@ -144,10 +149,7 @@ class MiniSandboxDeployment(AbstractDeployment):
         else:
             overrides["build"] = cfg.build
             overrides["extra_env"] = env
-            if cfg.cluster:
-                from minisandbox.cluster.shared import shared_pool
-
-                overrides["pool"] = await shared_pool(cfg.cluster)
+            overrides["runtime"] = await task_runtime(cfg.cluster)
         box = TaskSandbox(task, **overrides)
         try:
             sandbox = await asyncio.wait_for(box.start(), cfg.startup_timeout)

@@ -13,7 +13,7 @@ import os
 import re
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 try:
     from swerex.exceptions import (
@@ -56,11 +56,8 @@ except ImportError as e:  # pragma: no cover - depends on the environment
     ) from e
 
 from minisandbox import errors
-from minisandbox.sandbox.sandbox import Sandbox
-from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult, ShellSession
-
-if TYPE_CHECKING:  # (a pool's sandboxes: the cluster needs the `ray` extra)
-    from minisandbox.cluster import RemoteSandbox, RemoteSession
+from minisandbox.sandbox.api import SandboxAPI, SessionAPI
+from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult
 from minisandbox.sandbox.sync import on_loop
 
 __all__ = ["PS1", "MiniSandboxRuntime"]
@@ -93,7 +90,7 @@ def _clean(text: str, match: str | None = None) -> str:
 
 
 class _Session:
-    def __init__(self, shell: ShellSession | RemoteSession) -> None:
+    def __init__(self, shell: SessionAPI) -> None:
         self.shell = shell
         self.lock = asyncio.Lock()
         # The request's startup files, sourced again when an interrupt restarts the shell.
@@ -103,15 +100,13 @@ class _Session:
 class MiniSandboxRuntime(AbstractRuntime):
     """swerex's AbstractRuntime over a running minisandbox Sandbox."""
 
-    def __init__(
-        self, sandbox: Sandbox | RemoteSandbox, *, logger: logging.Logger | None = None
-    ) -> None:
+    def __init__(self, sandbox: SandboxAPI, *, logger: logging.Logger | None = None) -> None:
         self.sandbox = sandbox
         self.logger = logger or default_logger()
         self._sessions: dict[str, _Session] = {}
 
     @property
-    def sessions(self) -> dict[str, ShellSession | RemoteSession]:
+    def sessions(self) -> dict[str, SessionAPI]:
         return {name: s.shell for name, s in self._sessions.items()}
 
     async def is_alive(self, *, timeout: float | None = None) -> IsAliveResponse:
@@ -184,7 +179,7 @@ class MiniSandboxRuntime(AbstractRuntime):
 
     async def _send_or_run(
         self,
-        shell: ShellSession | RemoteSession,
+        shell: SessionAPI,
         command: str,
         expect: list[str],
         timeout: float | None,
@@ -200,9 +195,7 @@ class MiniSandboxRuntime(AbstractRuntime):
                 f"timeout after {timeout} seconds while running command {command!r}"
             ) from e
 
-    async def _run_normal(
-        self, shell: ShellSession | RemoteSession, action: BashAction
-    ) -> BashObservation:
+    async def _run_normal(self, shell: SessionAPI, action: BashAction) -> BashObservation:
         if not shell.busy:
             await self._check_syntax(action.command)
         r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
@@ -216,9 +209,7 @@ class MiniSandboxRuntime(AbstractRuntime):
             )
         return BashObservation(output=output, exit_code=r.exit_code, expect_string=expect_string)
 
-    async def _run_interactive(
-        self, shell: ShellSession | RemoteSession, action: BashAction
-    ) -> BashObservation:
+    async def _run_interactive(self, shell: SessionAPI, action: BashAction) -> BashObservation:
         r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
         output = _clean(r.output, r.match).strip()
         if action.is_interactive_command:
@@ -359,9 +350,7 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
-async def _stop_foreground_job(
-    shell: ShellSession | RemoteSession, timeout: float
-) -> SessionResult:
+async def _stop_foreground_job(shell: SessionAPI, timeout: float) -> SessionResult:
     """swerex's interrupt of a plain command: Ctrl-C; if the prompt does not come back (a
     pager, a program that ignores SIGINT), Ctrl-Z and `kill -9` of that job, so that bash
     reports it "Stopped", then "Killed", as it does in swerex. Where even Ctrl-Z brings no

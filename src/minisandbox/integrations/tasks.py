@@ -9,18 +9,15 @@ import functools
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from minisandbox.errors import AgentEnvironmentError
-from minisandbox.evaluation.evaluator import EvalResult, Evaluator
-from minisandbox.evaluation.validation import agent_sandbox
-from minisandbox.sandbox.sandbox import Sandbox
-from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.evaluation.evaluator import EvalResult
+from minisandbox.runtime import Runtime
+from minisandbox.sandbox.api import SandboxAPI
+from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.loaders import TaskNotFoundError, load_tasks
 from minisandbox.tasks.specs import Task
-
-if TYPE_CHECKING:  # (the cluster needs the `ray` extra: imported only when asked for)
-    from minisandbox.cluster import RemoteSandbox, SandboxPool
 
 DEFAULT_DATASET = "examples"
 # swebench's image names: "swebench/sweb.eval.x86_64.psf_1776_requests-1142:latest", where
@@ -61,28 +58,45 @@ def resolve_task(
     return tasks[wanted]
 
 
+async def task_runtime(cluster: str | None = None, *, builder: Builder | None = None) -> Runtime:
+    """The Runtime an integration's config names: this host's over `builder`'s store, or with
+    `cluster` (a Ray address, "auto": the cluster this process is in) the shared pool of that
+    cluster, over the same store (started on first use).
+
+    Raises:
+        ImportError: `cluster` is set and Ray is not installed (the `ray` extra).
+        PoolError: no node of the cluster has the slots resource.
+    """
+    if not cluster:
+        return Runtime(builder=builder)
+    from minisandbox.cluster.shared import shared_pool  # (the `ray` extra: only when asked)
+
+    return (await shared_pool(cluster, builder=builder)).runtime
+
+
 class TaskSandbox:
-    """A sandbox opened by `start()` and closed by `stop()`: the task's (built on first use
-    when needed) or, without a task, a plain one (host system and Python, empty /testbed)."""
+    """A sandbox opened by `start()` and closed by `stop()`: the task's agent sandbox (built on
+    first use when needed), from `runtime` (default: this host's), or without a task a plain one
+    (host system and Python, empty /testbed)."""
 
     def __init__(
-        self,
-        task: Task | None = None,
-        *,
-        builder: Builder | None = None,
-        pool: SandboxPool | None = None,
-        **overrides: Any,
+        self, task: Task | None = None, *, runtime: Runtime | None = None, **overrides: Any
     ) -> None:
         self.task = task
-        self.builder = builder if builder is not None or task is None else Builder(BuildSettings())
-        self.pool = pool
-        """A cluster's pool: the task's sandboxes and evaluations run on its nodes."""
+        self._runtime = runtime
         self.overrides = overrides
         self._stack: contextlib.AsyncExitStack | None = None
-        self._sandbox: Sandbox | RemoteSandbox | None = None
+        self._sandbox: SandboxAPI | None = None
 
     @property
-    def sandbox(self) -> Sandbox | RemoteSandbox:
+    def runtime(self) -> Runtime:
+        """Where the task's sandboxes and grades come from (this host's, made on first use)."""
+        if self._runtime is None:
+            self._runtime = Runtime()
+        return self._runtime
+
+    @property
+    def sandbox(self) -> SandboxAPI:
         if self._sandbox is None:
             raise AgentEnvironmentError("the sandbox is not started")
         return self._sandbox
@@ -91,21 +105,16 @@ class TaskSandbox:
     def running(self) -> bool:
         return self._sandbox is not None
 
-    async def start(self) -> Sandbox | RemoteSandbox:
+    async def start(self) -> SandboxAPI:
         if self._sandbox is not None:
             return self._sandbox
         stack = contextlib.AsyncExitStack()
-        sb: Sandbox | RemoteSandbox
         try:
             if self.task is None:
-                sb = await stack.enter_async_context(Sandbox(**self.overrides))
-            elif self.pool is not None:  # (it checks the validation policy as agent_sandbox)
-                sb = await stack.enter_async_context(self.pool.sandbox(self.task, **self.overrides))
-            else:
-                assert self.builder is not None
-                # An agent's sandbox: refused without a passing validation when required.
+                sb = await stack.enter_async_context(Runtime.plain(**self.overrides))
+            else:  # the agent's: refused without a passing validation when required
                 sb = await stack.enter_async_context(
-                    agent_sandbox(self.builder, self.task, **self.overrides)
+                    self.runtime.sandbox(self.task, purpose="agent", **self.overrides)
                 )
         except BaseException:
             await stack.aclose()
@@ -134,6 +143,4 @@ class TaskSandbox:
             raise AgentEnvironmentError("a plain sandbox has no task to evaluate")
         if patch is None:
             patch = await self.diff()
-        if self.pool is not None:
-            return await self.pool.evaluate(self.task, patch, timeout=timeout)
-        return await Evaluator(self.builder, timeout=timeout).evaluate(self.task, patch)
+        return await self.runtime.evaluate(self.task, patch, timeout=timeout)

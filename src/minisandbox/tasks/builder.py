@@ -15,7 +15,7 @@ A task is made of layers, all published to the layer store:
 - the tools environments of its test services (envs.tools).
 
 Every layer is built by envs.layerbuild's one skeleton. `Builder.layers` gives a task's layers as
-data (`TaskLayers`), `tasks.launch.launch` starts a sandbox of them; `Builder.sandbox` does both.
+data (`TaskLayers`), `launch` starts a sandbox of them; `Builder.sandbox` does both.
 Every step's output goes to a log under `logs/`; a failure names its step and keeps the log.
 """
 
@@ -31,30 +31,31 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from minisandbox.envs import relax
 from minisandbox.envs.asof import AS_OF_FORMAT, FREEZE
+from minisandbox.envs.compat import compat_layer
 from minisandbox.envs.envlayer import env_layer, env_ref, host_warnings, relaxations
 from minisandbox.envs.layerbuild import BuildError, LayerBuild, LayerBuilder, RecordedBuildFailure
-from minisandbox.envs.layout import EVAL_WHEELHOUSE, WHEELHOUSE
+from minisandbox.envs.layout import EVAL_WHEELHOUSE, TESTBED, VENV, WHEELHOUSE
 from minisandbox.envs.settings import BuildSettings
 from minisandbox.envs.toolchains import Interpreter
 from minisandbox.envs.tools import tools_layers
 from minisandbox.errors import MiniSandboxError, TaskBuildError, TaskNotBuiltError
+from minisandbox.sandbox.config import SandboxConfig
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.tasks import repos as repos_module
 from minisandbox.tasks.eval_script import eval_pip_requirements
 from minisandbox.tasks.hidden_tests import publish_restore, restore_patch, tests_present
 from minisandbox.tasks.install import install_commands
-from minisandbox.tasks.launch import TaskLayers, launch
 from minisandbox.tasks.repos import RepoSources
 from minisandbox.tasks.service_specs import check_services, parse_service
 from minisandbox.tasks.specs import Task, files_in_patch, hidden_tests, shown_tests
 from minisandbox.utils.hashing import content_digest
 from minisandbox.utils.resources import package_text
 
-__all__ = ["BuildError", "BuildResult", "BuildSettings", "Builder", "TaskLayers"]
+__all__ = ["BuildError", "BuildResult", "BuildSettings", "Builder", "TaskLayers", "launch"]
 
 # Bump when what a task layer holds changes (5: only the base commit's past; 6: its submodules).
 _FORMAT = 6
@@ -63,6 +64,54 @@ _DEPENDENCY_FILE = re.compile(
 )
 _EVAL_DEPS_FORMAT = 1
 _BUG_FORMAT = 3  # 3: its hidden tests in a layer of their own (hidden_tests.py)
+
+
+class TaskLayers(BaseModel):
+    """What a sandbox of a task is made of, bottom to top (all of them in the store)."""
+
+    env: str
+    """The environment layer (the venv at /opt/venv)."""
+    base: list[str] = Field(default_factory=list)
+    """Layers the task shares with others, between the two (a bug task's repository layer)."""
+    task: str
+    """The task's own layer (the repository at /testbed, as installed; or its bug, committed)."""
+    eval: list[str] = Field(default_factory=list)
+    """Layers only evaluation sandboxes see (the wheels the gold patch needs)."""
+    tools: list[str] = Field(default_factory=list)
+    """The tools environments of the task's test services."""
+    ro_paths: list[Path] = Field(default_factory=list)
+    """Host directories mounted read-only at their own paths (interpreters)."""
+    interpreters: list[str] = Field(default_factory=list)
+    """Interpreters as layers, at their own paths (`portable`: for nodes without them)."""
+    env_vars: dict[str, str] = Field(default_factory=dict)
+    """The sandbox's environment variables (the recipe's, and the caller's)."""
+
+    @property
+    def ids(self) -> list[str]:
+        return [*self.interpreters, self.env, *self.base, self.task, *self.eval, *self.tools]
+
+
+@contextlib.asynccontextmanager
+async def launch(lb: LayerBuilder, layers: TaskLayers, **overrides: Any) -> AsyncIterator[Sandbox]:
+    """A sandbox of `layers`: made present in the node cache (once per node, under the I/O
+    budget), the repository at /testbed, its venv active, SWE-bench's conda activation
+    provided (envs.compat). `overrides` are more SandboxConfig fields.
+
+    Raises:
+        SandboxStartError: the sandbox could not be set up (and the node cache's errors).
+    """
+    compat = compat_layer(lb.settings.cache / "compat", lb.cache.owner)
+    async with lb.cache.use(layers.ids) as paths:
+        config = SandboxConfig(
+            layers=[compat, *paths],
+            ro_paths=sorted(set(layers.ro_paths)),
+            venv=VENV,
+            workdir=TESTBED,
+            env=layers.env_vars,
+            **overrides,
+        )
+        async with Sandbox(config) as sb:
+            yield sb
 
 
 class BuildResult(BaseModel):
@@ -471,21 +520,21 @@ class Builder(LayerBuilder):
         on_phase: Callable[[str, str], None] | None = None,
         **overrides: Any,
     ) -> AsyncIterator[Sandbox]:
-        """A sandbox of the task: `layers` (see there), then `launch`. `overrides` are more
-        SandboxConfig fields. Agent-facing entry points check the validation policy first
-        (evaluation.validation.agent_sandbox).
+        """A sandbox of the task: `layers` (see there), then `launch`, on this host, with no
+        policy: what the build and its checks use. `overrides` are more SandboxConfig fields.
+        Agents, graders and integrations take theirs from `minisandbox.Runtime.sandbox(task,
+        purpose=...)`, which checks the validation policy for agents' sandboxes.
 
         Raises:
             TaskNotBuiltError, TaskBuildError, ServiceError, BuildError, UvNotFoundError: see
                 `layers`.
             SandboxStartError: the sandbox could not be set up.
-            TypeError: `require_validated` was passed (agent_sandbox checks validations).
+            TypeError: `require_validated` was passed (Runtime.sandbox checks validations).
         """
         if "require_validated" in overrides:
             raise TypeError(
                 "Builder.sandbox does not check validations: agents' sandboxes come from "
-                "minisandbox.evaluation.validation.agent_sandbox(builder, task, "
-                "require_validated=...)"
+                "minisandbox.Runtime(builder=builder).sandbox(task, require_validated=...)"
             )
         layers = await self.layers(
             task, build=build, evaluation=evaluation, extra_env=extra_env, on_phase=on_phase

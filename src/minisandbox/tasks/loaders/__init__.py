@@ -12,7 +12,6 @@ module per source or conversion:
 - `eval_scripts`: a swebench eval script split into test command, variables and install;
 - `overrides`: recipe overrides (data/recipe_overrides.yaml);
 - `task_files`: our own task files (YAML, or JSON with a `tasks` list);
-- `examples`: the bundled example tasks;
 - `fields`, `selection`, `errors`: naming records in errors, the `instance_ids` kept, errors.
 
 Invariants for every source: the same input gives the same tasks (their layer keys depend on
@@ -39,7 +38,6 @@ from minisandbox.tasks.loaders.errors import (
     VersionSpecError,
 )
 from minisandbox.tasks.loaders.eval_scripts import EvalScriptParts, parse_eval_script
-from minisandbox.tasks.loaders.examples import example_tasks
 from minisandbox.tasks.loaders.files import FILE_SUFFIXES, load_file
 from minisandbox.tasks.loaders.overrides import (
     RecipeOverride,
@@ -111,7 +109,10 @@ def load_tasks(
     """
     wanted = wanted_ids(instance_ids)
     if isinstance(source, str) and source == "examples":
-        tasks = example_tasks(wanted)
+        # (the bundled records, read only when asked for: tasks.examples)
+        from minisandbox.tasks.examples import load_examples
+
+        tasks = [t for t in load_examples() if wanted is None or t.id in wanted]
         check_found(wanted, [t.id for t in tasks], "examples")
         return tasks
 
