@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minisandbox.envs import relax
+from minisandbox.envs.kinds import format_of
 from minisandbox.envs.layerbuild import BuildError, LayerBuild, LayerBuilder
 from minisandbox.envs.layout import VENV
 from minisandbox.envs.recipe import EnvRecipe
@@ -30,7 +31,7 @@ from minisandbox.utils.resources import package_text
 # v3: laid out as a self-contained install, see helpers/standalone.sh; old setuptools for old
 # recipes; v4: include/pythonX.Y a directory of links, packages add headers there).
 # Also bump it when relax.py's ladder changes what a relaxed recipe installs.
-ENV_FORMAT = "v4"
+ENV_FORMAT = format_of("env")  # (envs/kinds.py)
 
 # What the repository imports at its environment commit and that commit's date (relax.py's
 # priorities and date bound), given the build's log directory; (None, None) when unknown.

@@ -18,12 +18,13 @@ import os
 import shutil
 from pathlib import Path
 
+from minisandbox.envs.kinds import format_of
 from minisandbox.envs.layerbuild import LayerBuilder
 from minisandbox.utils.hashing import content_digest
 
 __all__ = ["interpreter_layer", "interpreter_ref", "travels"]
 
-_FORMAT = 1
+_FORMAT = format_of("python")  # (envs/kinds.py)
 _CONDA_EXTRAS = ("envs", "pkgs", "conda-meta")
 # Where the sandbox mounts host or private directories over the overlay: a layer's files there
 # would be hidden (sandbox.rootfs binds these).

@@ -15,6 +15,7 @@ import functools
 from collections.abc import Iterable
 from pathlib import Path
 
+from minisandbox.envs.kinds import format_of
 from minisandbox.envs.layerbuild import LayerBuild, LayerBuilder
 from minisandbox.envs.layout import TOOLS_ROOT
 from minisandbox.envs.toolchains import Interpreter, ToolchainNotFoundError, find_interpreter
@@ -24,7 +25,7 @@ from minisandbox.utils.hashing import content_digest
 
 # Tried in order for the tools environments; the pins below are known to install on each.
 TOOLS_PYTHONS = ("3.12", "3.11", "3.13", "3.10")
-_TOOLS_FORMAT = 1  # bump when what a tools layer holds changes
+_TOOLS_FORMAT = format_of("tools")  # (envs/kinds.py)
 
 # httpbin (the PyPI package of httpbin.org's code) and its whole dependency closure, pinned.
 HTTPBIN_REQUIREMENTS = (

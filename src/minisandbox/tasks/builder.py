@@ -37,6 +37,7 @@ from minisandbox.envs import relax
 from minisandbox.envs.asof import AS_OF_FORMAT, FREEZE
 from minisandbox.envs.compat import compat_layer
 from minisandbox.envs.envlayer import env_layer, env_ref, host_warnings, relaxations
+from minisandbox.envs.kinds import format_of
 from minisandbox.envs.layerbuild import BuildError, LayerBuild, LayerBuilder, RecordedBuildFailure
 from minisandbox.envs.layout import EVAL_WHEELHOUSE, TESTBED, VENV, WHEELHOUSE
 from minisandbox.envs.settings import BuildSettings
@@ -57,13 +58,13 @@ from minisandbox.utils.resources import package_text
 
 __all__ = ["BuildError", "BuildResult", "BuildSettings", "Builder", "TaskLayers", "launch"]
 
-# Bump when what a task layer holds changes (5: only the base commit's past; 6: its submodules).
-_FORMAT = 6
+# Formats in envs/kinds.py (task 5: only the base commit's past; 6: its submodules).
+_FORMAT = format_of("task")
 _DEPENDENCY_FILE = re.compile(
     r"(^|/)(setup\.py|setup\.cfg|pyproject\.toml|requirements[^/]*\.txt)$"
 )
-_EVAL_DEPS_FORMAT = 1
-_BUG_FORMAT = 3  # 3: its hidden tests in a layer of their own (hidden_tests.py)
+_EVAL_DEPS_FORMAT = format_of("evaldeps")
+_BUG_FORMAT = format_of("bug")  # 3: its hidden tests in a layer of their own (hidden_tests.py)
 
 
 class TaskLayers(BaseModel):
