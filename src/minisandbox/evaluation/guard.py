@@ -13,11 +13,9 @@ patch has only written files into.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import posixpath
 import shlex
-import sys
 from collections.abc import Callable, Mapping
 
 from packaging.requirements import Requirement
@@ -25,6 +23,7 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, Field
 
 from minisandbox.errors import SandboxFileError
+from minisandbox.evaluation.mounts import mount_in
 from minisandbox.evaluation.patch_rules import (
     config_refusal,
     mixed_configs,
@@ -267,26 +266,15 @@ async def install_sympy_hook(sb: SandboxAPI, base: BaseState) -> dict[str, str]:
 
 
 async def read_only(sb: SandboxAPI, paths: list[str]) -> None:
-    """Bind each of `paths` read-only over itself in the sandbox (helpers/read_only.py).
+    """Bind each of `paths` read-only over itself in the sandbox (helpers/mounts.py).
 
     Raises:
         SandboxFileError: the sandbox is not running, or the kernel refused a mount.
     """
-    if sb.pid is None:
-        raise SandboxFileError("the sandbox is not running")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-I",
-        "-c",
-        _helper("read_only.py"),
-        str(sb.pid),
-        *paths,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise SandboxFileError(f"making the test runner read-only failed: {out.decode().strip()}")
+    try:
+        await mount_in(sb, "read-only", *paths)
+    except SandboxFileError as e:
+        raise SandboxFileError(f"making the test runner read-only failed: {e}") from None
 
 
 async def check_run(

@@ -19,12 +19,12 @@ import asyncio
 import contextlib
 import os
 import shlex
-import sys
 from collections.abc import AsyncIterator
 from importlib.abc import Traversable
 
 from minisandbox.envs.layout import TOOLS_ROOT
-from minisandbox.errors import MiniSandboxError, ServiceError
+from minisandbox.errors import MiniSandboxError, SandboxFileError, ServiceError
+from minisandbox.evaluation.mounts import mount_in
 from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.tasks.service_specs import check_services, parse_service, web_root
 from minisandbox.tasks.specs import Task
@@ -187,20 +187,10 @@ async def _trust(sb: SandboxAPI, ca_path: str) -> AsyncIterator[None]:
 
 
 async def _bind_over(sb: SandboxAPI, source: str, target: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-I",
-        "-c",
-        package_text("minisandbox.evaluation", "helpers", "bind_over.py"),
-        str(sb.pid),
-        source,
-        target,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await proc.communicate()
-    if proc.returncode != 0:
-        raise ServiceError(f"binding {source} over {target} failed: {out.decode().strip()}")
+    try:
+        await mount_in(sb, "bind-over", source, target)
+    except SandboxFileError as e:
+        raise ServiceError(f"binding {source} over {target} failed: {e}") from None
 
 
 async def _nsenter(sb: SandboxAPI, namespaces: list[str], argv: list[str]) -> None:
