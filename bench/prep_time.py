@@ -35,11 +35,11 @@ from _common import host_info, log, percentile, run_main
 from minisandbox import Sandbox, SandboxConfig
 from minisandbox.envs.layout import VENV
 from minisandbox.layers.store import LayerStore
-from minisandbox.sandbox.runtime import remove_tree
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.examples import materialize_mirror
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
+from minisandbox.utils.safefs import discard_tree
 
 DEFAULT_INSTANCE_IDS = [
     "psf__requests-1142",
@@ -181,7 +181,7 @@ def _drop_whiteouts(root: str) -> None:
 
 def _remove(path: str) -> None:
     if os.path.isdir(path) and not os.path.islink(path):
-        remove_tree(Path(path))
+        discard_tree(Path(path))
     elif os.path.lexists(path):
         os.unlink(path)
 
@@ -242,7 +242,7 @@ def task_filesystem(store: LayerStore, env_layer: str, task_layer: str, dest: Pa
     try:
         apply_upper(str(upper), str(dest))
     finally:
-        remove_tree(upper)
+        discard_tree(upper)
 
 
 def paper_tarballs(store: LayerStore, job: Job, work_dir: Path) -> Tarballs:
@@ -272,7 +272,7 @@ def paper_tarballs(store: LayerStore, job: Job, work_dir: Path) -> Tarballs:
             subprocess.run(
                 ["tar", "czf", str(tmp / f"{name}.tar.gz"), "-C", str(root), member], check=True
             )
-        remove_tree(root)
+        discard_tree(root)
         info = {
             "logical_bytes": venv_bytes + testbed_bytes,
             "files": venv_files + testbed_files,
@@ -280,11 +280,11 @@ def paper_tarballs(store: LayerStore, job: Job, work_dir: Path) -> Tarballs:
         }
         (tmp / "info.json").write_text(json.dumps(info))
         if final.exists():
-            remove_tree(final)
+            discard_tree(final)
         tmp.rename(final)
         log(f"{job.task.id}: tarballs made in {time.monotonic() - began:.1f} s")
     except BaseException:
-        remove_tree(tmp)
+        discard_tree(tmp)
         raise
     return Tarballs(final / "venv.tar.gz", final / "testbed.tar.gz", **info)
 
@@ -308,7 +308,7 @@ def scratch_dir(parent: Path, prefix: str) -> Iterator[Path]:
     try:
         yield path
     finally:
-        remove_tree(path)
+        discard_tree(path)
 
 
 async def _first_result(sb: Sandbox, command: str | None) -> str:

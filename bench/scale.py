@@ -44,11 +44,11 @@ from ray.cluster_utils import Cluster
 
 from minisandbox.cluster import PoolConfig, SandboxPool
 from minisandbox.evaluation.evaluator import EvalResult
-from minisandbox.sandbox.cleanup import remove_tree
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import settle
+from minisandbox.utils.safefs import discard_tree
 
 DEFAULT_REPOS = ["psf/requests", "pytest-dev/pytest"]
 DEFAULT_WORK_DIR = Path("~/.cache/minisandbox-bench/scale")
@@ -291,7 +291,7 @@ class SimCluster:
 
     def start(self) -> None:
         if self.root.exists():
-            remove_tree(str(self.root))
+            discard_tree(str(self.root))
         # Ray's files (sessions, sockets, the cluster's address) in a short directory of ours,
         # removed in stop(): $RAY_TMPDIR, inherited by Ray's nodes. (Given a temp_dir instead,
         # Ray still writes the address under /tmp/ray, and fails where that does not exist.)
@@ -341,7 +341,7 @@ class SimCluster:
                 os.environ.pop("RAY_TMPDIR", None)
             else:
                 os.environ["RAY_TMPDIR"] = self.old_tmpdir
-            remove_tree(self.ray_dir)
+            discard_tree(self.ray_dir)
             self.ray_dir = None
 
 
@@ -672,7 +672,7 @@ async def main() -> dict[str, Any]:
     finally:
         RUN_CGROUP.close()
         for tree in SPENT:
-            remove_tree(str(tree))
+            discard_tree(str(tree))
         with contextlib.suppress(OSError):
             (args.work_dir / "clusters").rmdir()
 

@@ -21,7 +21,7 @@ from _common import host_info, log, run_main
 from prep_time import Job, add_task_args, build_jobs, load_jobs, make_all_tarballs, scratch_dir
 
 from minisandbox.layers.store import LayerStore
-from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 TARGET_RATIO = 1 / 3
 
@@ -75,7 +75,7 @@ async def main() -> dict[str, Any]:
             try:
                 ref = fresh.publish(tree)
             finally:
-                remove_tree(tree)
+                discard_tree(tree)
             if ref.id != layer_id:  # same tree, same manifest: the id must come out the same
                 raise SystemExit(f"layer {layer_id} republished as {ref.id}")
             added[layer_id] = ref.stored_bytes

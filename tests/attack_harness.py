@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from attacks import ATTACKS, AttackContext, AttackSkipped
-from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 CALLERS = ("unprivileged", "root")
 UNPRIVILEGED_UID = 4242
@@ -246,7 +246,7 @@ class UidRunner:
 
     def close(self) -> None:
         self._stop_worker()
-        remove_tree(self.base)  # copes with the mode-000 dirs overlayfs leaves behind
+        discard_tree(self.base)  # copes with the mode-000 dirs overlayfs leaves behind
 
 
 def main() -> None:

@@ -41,8 +41,8 @@ from minisandbox.errors import (
     SandboxNotRunningError,
 )
 from minisandbox.sandbox.bwrap import find_bwrap
-from minisandbox.sandbox.runtime import remove_tree
 from minisandbox.sandbox.sandbox import ExecResult
+from minisandbox.utils.safefs import discard_tree
 
 MiB = 1024**2
 
@@ -333,7 +333,7 @@ async def attack_escape_ro_path_with_dotdot(ctx: AttackContext) -> None:
         assert read_host(str(ro / "inside.txt")) == "visible\n", "the ro bound host file changed"
         assert not (ro / "new.txt").exists(), "a file appeared in the ro bound host dir"
     finally:
-        remove_tree(base)
+        discard_tree(base)
 
 
 # ----------------------------------------------------------------------- host files: writing

@@ -29,8 +29,8 @@ from attacks import (
 from minisandbox import Limits, Sandbox, SandboxConfig
 from minisandbox.errors import SandboxLimitError, SandboxNotRunningError
 from minisandbox.sandbox.cgroups import delegated_parent
-from minisandbox.sandbox.runtime import remove_tree
 from minisandbox.utils import safefs
+from minisandbox.utils.safefs import discard_tree
 
 MiB = 1024**2
 
@@ -151,7 +151,7 @@ async def attack_upper_outrun_slow_scan(ctx: AttackContext) -> None:
     st = safefs.lstat_at(upper, "root/big")
     assert st is not None and st.st_size > 0, "the writer did not run (positive control)"
     assert st.st_size <= cap, f"one file grew to {st.st_size} bytes in an upper capped at {cap}"
-    remove_tree(base)
+    discard_tree(base)
 
 
 HOG = """
@@ -270,7 +270,7 @@ async def attack_sigkill_during_start(ctx: AttackContext) -> None:
         if left or os.path.lexists(directory):
             leftovers.append((i, [host_cmdline(p)[:3] for p in left], os.path.lexists(directory)))
         await _kill_all(left)
-        remove_tree(Path(directory))
+        discard_tree(Path(directory))
     # Positive control: kills did land while bwrap processes of the child existed.
     assert mid_start >= 3, f"only {mid_start} of {tries + 1} kills hit a running sandbox"
     assert not leftovers, f"left behind after SIGKILL (try, argv, dir left): {leftovers}"
@@ -341,10 +341,10 @@ async def attack_kept_upper_work_dir(ctx: AttackContext) -> None:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
-        remove_tree(base)
+        discard_tree(base)
 
         if orphaned_dir:  # its janitor was killed on purpose
             for _ in range(50):
-                if remove_tree(Path(orphaned_dir)):
+                if discard_tree(Path(orphaned_dir)):
                     break
                 await asyncio.sleep(0.1)

@@ -79,9 +79,9 @@ def layer_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="msb-test-"))
     os.chmod(path, 0o755)
     yield path
-    from minisandbox.sandbox.runtime import remove_tree
+    from minisandbox.utils.safefs import discard_tree
 
-    remove_tree(path)
+    discard_tree(path)
 
 
 def give_to_sandbox(path: Path) -> None:
@@ -134,11 +134,11 @@ def fast_remove(path: Path) -> None:
     thousands of files; C removes them twice as fast, so a session's teardown stays far from
     the per-test timeout on a loaded machine), then remove_tree for what it could not remove
     (the mode-000 work directories overlayfs leaves, when we are not root)."""
-    from minisandbox.sandbox.runtime import remove_tree
+    from minisandbox.utils.safefs import discard_tree
 
     subprocess.run(["rm", "-rf", "--", str(path)], capture_output=True, check=False)
     if os.path.lexists(path):
-        remove_tree(path)
+        discard_tree(path)
 
 
 def run_cli(

@@ -34,7 +34,7 @@ from attack_harness import (
 )
 from attacks import ATTACKS, AttackContext, host_cmdline
 from minisandbox import Sandbox, SandboxConfig
-from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 REPO = Path(__file__).resolve().parent.parent
 IS_ROOT = os.geteuid() == 0
@@ -143,7 +143,7 @@ def other_user() -> Iterator[tuple[str, int] | None]:
     finally:
         proc.kill()
         proc.wait()
-        remove_tree(base)
+        discard_tree(base)
 
 
 @pytest.fixture(scope="session")
@@ -292,7 +292,7 @@ def contexts(
         proc.kill()
         proc.wait()
     for directory in dirs:
-        remove_tree(directory)
+        discard_tree(directory)
 
 
 # The slowest attacks (10-60 s each, on a loaded machine) that do not depend on who the caller
@@ -379,7 +379,7 @@ async def test_ro_path_under_tmp_is_readable() -> None:
             r = await sb.execute(["cat", f"{base}/f.txt"])
             assert r.stdout == "visible\n", r.stderr
     finally:
-        remove_tree(base)
+        discard_tree(base)
 
 
 PLANTED_RUNTIME_PROBE = """
@@ -433,7 +433,7 @@ def test_runtime_root_planted_by_another_user(planted: str) -> None:
                 "can rename and replace everything in it"
             )
     finally:
-        remove_tree(fake_tmp)
+        discard_tree(fake_tmp)
 
 
 def test_attack_registry_is_complete() -> None:

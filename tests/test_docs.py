@@ -171,9 +171,9 @@ def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="msb-docs-"))
     os.chmod(path, 0o755)
     yield path
-    from minisandbox.sandbox.runtime import remove_tree
+    from minisandbox.utils.safefs import discard_tree
 
-    remove_tree(path)
+    discard_tree(path)
 
 
 @pytest.mark.timeout(DEADLINE + 60)

@@ -378,9 +378,9 @@ def uid_store(settings, built, uid_runner) -> Iterator[Path]:  # type: ignore[no
         assert r.returncode == 0, f"uid {UID} could not build the examples: {r.stderr[-3000:]}"
         yield work / "store"
     finally:
-        from minisandbox.sandbox.runtime import remove_tree
+        from minisandbox.utils.safefs import discard_tree
 
-        remove_tree(work)
+        discard_tree(work)
 
 
 def _one_clear_line(r: Any, path: Path) -> str:
@@ -427,9 +427,9 @@ def test_eval_on_a_full_report_disk(settings, built, caller: str, uid_runner) ->
             assert not list(report.glob("**/.*.tmp")), "temporary files left behind"
             assert not list(report.glob("*.json")), "a run summary of an unfinished run"
     finally:
-        from minisandbox.sandbox.runtime import remove_tree
+        from minisandbox.utils.safefs import discard_tree
 
-        remove_tree(work)
+        discard_tree(work)
 
 
 @pytest.mark.skipif(not IS_ROOT, reason="mounting a small tmpfs needs root")
@@ -456,9 +456,9 @@ def test_eval_on_a_full_store_disk(settings, built, caller: str, uid_runner, req
             _one_clear_line(r, fs)
             assert not list(report.glob("*.json")), "a run summary of an unfinished run"
     finally:
-        from minisandbox.sandbox.runtime import remove_tree
+        from minisandbox.utils.safefs import discard_tree
 
-        remove_tree(work)
+        discard_tree(work)
 
 
 def _progress_lines(stderr: str, iid: str) -> list[str]:

@@ -38,11 +38,11 @@ from minisandbox.errors import (  # noqa: E402
 )
 from minisandbox.layers.replica import layer_files  # noqa: E402
 from minisandbox.layers.store import LayerStore  # noqa: E402
-from minisandbox.sandbox.runtime import remove_tree  # noqa: E402
 from minisandbox.sandbox.sync import run_sync  # noqa: E402
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 from minisandbox.tasks.specs import Task  # noqa: E402
+from minisandbox.utils.safefs import discard_tree  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -104,7 +104,7 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
             os.environ.pop("RAY_TMPDIR", None)
         else:
             os.environ["RAY_TMPDIR"] = old_tmpdir
-        remove_tree(Path(ray_dir))
+        discard_tree(Path(ray_dir))
 
 
 @pytest.fixture

@@ -96,9 +96,9 @@ def make_tree(root: Path, *, big: int = 0) -> Path:
 
 
 def rmtree(path: Path) -> None:
-    from minisandbox.sandbox.runtime import remove_tree
+    from minisandbox.utils.safefs import discard_tree
 
-    remove_tree(path)
+    discard_tree(path)
 
 
 def blob_of(store: LayerStore, layer_id: str, rel: str) -> Path:

@@ -17,7 +17,7 @@ import os
 import secrets
 from pathlib import Path
 
-from minisandbox.sandbox.runtime import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 VENV = "/opt/venv"
 CONDA_PREFIX = "/opt/miniconda3"
@@ -82,5 +82,5 @@ def compat_layer(root: Path, owner: tuple[int, int] | None) -> Path:
                 raise
     finally:
         if staging.exists():
-            remove_tree(staging)
+            discard_tree(staging)
     return final

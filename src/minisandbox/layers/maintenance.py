@@ -26,7 +26,7 @@ from minisandbox.layers.ids import is_layer_id
 from minisandbox.layers.layout import remove_lock_file
 from minisandbox.layers.manifest import Manifest
 from minisandbox.layers.parallel import run_parallel
-from minisandbox.sandbox.cleanup import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 
 class _Sized(Protocol):
@@ -202,7 +202,7 @@ def _remove_if_old(path: Path, cutoff: float) -> int:
         if st.st_mtime >= cutoff:
             return -1
         if stat.S_ISDIR(st.st_mode):
-            remove_tree(str(path))
+            discard_tree(path)
         else:
             path.unlink()
         return st.st_size

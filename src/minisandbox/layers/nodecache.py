@@ -53,7 +53,7 @@ from minisandbox.layers.cacheperms import make_own, make_private
 from minisandbox.layers.ids import check_layer_id, is_layer_id
 from minisandbox.layers.pool import FilePool
 from minisandbox.layers.store import LayerStore
-from minisandbox.sandbox.cleanup import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 logger = logging.getLogger(__name__)
 
@@ -295,7 +295,7 @@ class NodeCache:
                 time.monotonic() - started,
             )
         finally:
-            remove_tree(str(work))
+            discard_tree(work)
             if not unpacked:  # what the failed unpack put in the pool and no layer holds
                 with contextlib.suppress(OSError):
                     self.pool.sweep()
@@ -387,7 +387,7 @@ class NodeCache:
         finally:
             os.close(lock)
         for path in trash:
-            remove_tree(str(path))
+            discard_tree(path)
         if trash:
             # Files that only the evicted layers held. An unpack that races with the sweep
             # re-inserts what it needs (a pool file is linked right after insertion).
@@ -440,7 +440,7 @@ class NodeCache:
         for name in os.listdir(self.root / "tmp"):
             pid = name.split(".", 1)[0]
             if pid.isdigit() and not pid_alive(int(pid)):
-                remove_tree(str(self.root / "tmp" / name))
+                discard_tree(self.root / "tmp" / name)
 
     def usage(self) -> CacheUsage:
         entries = self._entries()

@@ -89,7 +89,7 @@ from minisandbox.layers.parallel import run_parallel
 from minisandbox.layers.pool import FilePool
 from minisandbox.layers.publish import SMALL_FILE_BYTES, BlobWriter, Scan, scan_tree
 from minisandbox.layers.unpack import unpack_layer
-from minisandbox.sandbox.cleanup import remove_tree
+from minisandbox.utils.safefs import discard_tree
 
 __all__ = [
     "FORMAT",
@@ -372,7 +372,7 @@ class LayerStore(StoreLayout):
             )
             os.rename(tmp, dest)
         except BaseException:
-            remove_tree(str(tmp))
+            discard_tree(tmp)
             raise
         return dest
 

@@ -35,16 +35,6 @@ EXTERNAL_DIRS = "external-dirs"
 _DEADLINE = 30.0
 
 
-def remove_tree(path: str) -> bool:
-    """Delete `path` and everything in it without following a symlink inside it; copes with
-    directories a sandbox left without write or search permission (the overlay's work dir is
-    mode 000). True when nothing is left."""
-    try:
-        return safefs.remove_tree(path)
-    except OSError:
-        return not os.path.lexists(path)
-
-
 def _argv(pid: int) -> list[bytes]:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -140,8 +130,8 @@ def janitor_main(directory: str, lifeline: int | None = None) -> None:
     while True:
         killed = kill_holders(directory)
         external = sorted(set(external) | set(_external_dirs(directory)))
-        gone = all([remove_tree(p) for p in external])
-        gone = remove_tree(directory) and gone
+        gone = all([safefs.discard_tree(p) for p in external])
+        gone = safefs.discard_tree(directory) and gone
         if (gone and not killed and _lifeline_closed(lifeline)) or time.monotonic() > deadline:
             return
         time.sleep(0.05)

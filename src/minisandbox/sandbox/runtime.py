@@ -102,7 +102,3 @@ def _forget_parent_lifeline() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_parent_lifeline)
-
-
-def remove_tree(path: Path) -> bool:
-    return cleanup.remove_tree(str(path))

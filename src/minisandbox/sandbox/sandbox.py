@@ -46,6 +46,7 @@ from minisandbox.sandbox.rootfs import DEFAULT_PATH, MountPlan, build_plan, chec
 from minisandbox.sandbox.seccomp import build_filter
 from minisandbox.sandbox.session import SessionHost, ShellSession
 from minisandbox.sandbox.sessions import SessionOperations
+from minisandbox.utils import safefs
 from minisandbox.utils.aio import cancel_and_wait, settle
 
 __all__ = ["READ_MAX_BYTES", "ExecResult", "Sandbox"]
@@ -422,9 +423,9 @@ class Sandbox(FileOperations, SessionOperations):
             except OSError as e:
                 logger.warning("could not make the kept upper layer %s private: %s", self._upper, e)
         if self._work is not None and self.config.upper is not None:
-            runtime.remove_tree(self._work)
+            safefs.discard_tree(self._work)
         if self._dir is not None:
-            runtime.remove_tree(self._dir)
+            safefs.discard_tree(self._dir)
 
     # ---------------------------------------------------------------- commands
 

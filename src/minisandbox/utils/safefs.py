@@ -180,6 +180,15 @@ def remove_tree(path: str | os.PathLike[str]) -> bool:
     return not os.path.lexists(path)
 
 
+def discard_tree(path: str | os.PathLike[str]) -> bool:
+    """`remove_tree`, where an error only means something is left: True when nothing is (the
+    janitor's and every cleanup's way: a tree half removed is still removed later)."""
+    try:
+        return remove_tree(path)
+    except OSError:
+        return not os.path.lexists(path)
+
+
 def rmdir_empty_chain(root: str | os.PathLike[str], rel: str | os.PathLike[str]) -> None:
     """rmdir `root/rel`, then its parents while they are empty, up to (not including) `root`."""
     parts = _parts(rel)
