@@ -169,7 +169,7 @@ def cache_verify(
 ) -> None:
     """Re-hash every blob and manifest, and every file of the node's pool against the store;
     exit 1 when anything is corrupt or missing."""
-    from minisandbox.layers.pool import FilePool
+    from minisandbox.layers.filepool import FilePool
     from minisandbox.tasks.builder import BuildSettings
 
     s = _store(store)

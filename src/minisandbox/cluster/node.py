@@ -48,6 +48,7 @@ from minisandbox.cluster.messages import (
     Upload,
     WriteFile,
 )
+from minisandbox.envs.layerbuild import LayerBuilder
 from minisandbox.envs.settings import BuildSettings
 from minisandbox.errors import PoolError, SandboxFileError, SandboxNotRunningError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
@@ -55,7 +56,7 @@ from minisandbox.layers.budget import LocalIOBudget
 from minisandbox.layers.replica import copy_layer
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.sandbox.session import SessionResult
-from minisandbox.tasks.builder import Builder, TaskLayers, launch
+from minisandbox.tasks.builder import TaskLayers, launch
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.aio import settle
 
@@ -113,7 +114,7 @@ class NodeAgent:
         self.shared_store = id_file.is_file() and id_file.read_text().strip() == store_id
         if not self.shared_store:  # a copy of what its sandboxes need, fetched via `source`
             settings = BuildSettings(store=settings.cache / "store")
-        self.builder = Builder(settings)
+        self.builder = LayerBuilder(settings)  # (the store and node cache: nothing is built here)
         self.source: Any = None
         self._copying: dict[str, asyncio.Lock] = {}
         self.copied_bytes = 0

@@ -50,8 +50,8 @@ from pydantic import BaseModel
 
 from minisandbox.layers.budget import IOBudget, LocalIOBudget, pid_alive
 from minisandbox.layers.cacheperms import make_own, make_private
+from minisandbox.layers.filepool import FilePool
 from minisandbox.layers.ids import check_layer_id, is_layer_id
-from minisandbox.layers.pool import FilePool
 from minisandbox.layers.store import LayerStore
 from minisandbox.utils.safefs import discard_tree
 

@@ -74,6 +74,7 @@ from minisandbox.layers.errors import (
     RefNameError,
     UnpackDestinationExistsError,
 )
+from minisandbox.layers.filepool import FilePool
 from minisandbox.layers.ids import check_layer_id, is_layer_id, ref_name
 from minisandbox.layers.layout import StoreLayout
 from minisandbox.layers.maintenance import (
@@ -86,7 +87,6 @@ from minisandbox.layers.maintenance import (
 )
 from minisandbox.layers.manifest import FORMAT, Manifest, check_document, check_format
 from minisandbox.layers.parallel import run_parallel
-from minisandbox.layers.pool import FilePool
 from minisandbox.layers.publish import SMALL_FILE_BYTES, BlobWriter, Scan, scan_tree
 from minisandbox.layers.unpack import unpack_layer
 from minisandbox.utils.safefs import discard_tree

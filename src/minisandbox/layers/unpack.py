@@ -22,6 +22,7 @@ from pathlib import Path
 
 from minisandbox.layers.blobs import read_blob, stream_blob
 from minisandbox.layers.errors import CorruptLayerError
+from minisandbox.layers.filepool import FilePool, pool_name
 from minisandbox.layers.layout import StoreLayout
 from minisandbox.layers.manifest import (
     DIRECTORY,
@@ -32,7 +33,6 @@ from minisandbox.layers.manifest import (
     ManifestEntry,
 )
 from minisandbox.layers.parallel import run_parallel
-from minisandbox.layers.pool import FilePool, pool_name
 
 
 def create_file(path: str) -> int:

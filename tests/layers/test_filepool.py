@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from minisandbox.layers.pool import FilePool, pool_name
+from minisandbox.layers.filepool import FilePool, pool_name
 from minisandbox.layers.store import LayerStore
 
 
