@@ -450,7 +450,7 @@ async def run_passes(
                     g.results += await run_episodes(g.pool, mix[k : k + chunk], g.concurrency)
                 sums[g.name]["wall_s"] += time.monotonic() - began
         for g in groups:
-            facts = g.pool.started[firsts[g.name] :]
+            facts = list(g.pool.started)[firsts[g.name] :]
             g.passes.append(
                 {
                     "episodes": n,

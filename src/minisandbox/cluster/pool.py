@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
@@ -61,6 +61,7 @@ except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
 
 T = TypeVar("T")
 _RECOUNT_S = 2.0
+_REMEMBERED_STARTS = 10_000
 _REMEMBERED = 4096  # layer sets made portable (an RL run meets each task many times)
 _AGENT = ray.remote(NodeAgent)  # one actor class for every agent: Ray exports it once
 
@@ -116,9 +117,10 @@ class SandboxPool:
         self.runtime = Runtime(builder=self.builder, backend=self, build=self.config.build)
         """Every sandbox and grade of a task on this pool: `runtime.sandbox(task, purpose=...)`,
         `runtime.evaluate(task, patch)`."""
-        self.started: list[dict[str, Any]] = []
-        """How each sandbox this pool started did (`sandbox` and `evaluate` alike), in order:
-        its StartFacts' fields (`hits`, `misses`, `prep_s`, ...) and its `node_id`."""
+        self.started: deque[dict[str, Any]] = deque(maxlen=_REMEMBERED_STARTS)
+        """How the sandboxes this pool started did (`sandbox` and `evaluate` alike), the last
+        10,000 in order (an RL run starts millions): their StartFacts' fields (`hits`,
+        `misses`, `prep_s`, ...) and `node_id`."""
 
     # ---------------------------------------------------------------- lifecycle
 
