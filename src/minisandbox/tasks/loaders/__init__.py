@@ -9,7 +9,7 @@ module per source or conversion:
 - `swebench_records`, `swesmith_records`: one record of each kind as a task;
 - `conda_exports`: conda environment exports (the `envs/` directory) as an `EnvRecipe`;
 - `swebench_specs`: swebench's MAP_REPO_VERSION_TO_SPECS as recipes and commands;
-- `eval_scripts`: a swebench eval script split into test command, variables and install;
+- `eval_script_parts`: a swebench eval script split into test command, variables and install;
 - `overrides`: recipe overrides (data/recipe_overrides.yaml);
 - `task_files`: our own task files (YAML, or JSON with a `tasks` list);
 - `fields`, `selection`, `errors`: naming records in errors, the `instance_ids` kept, errors.
@@ -37,7 +37,7 @@ from minisandbox.tasks.loaders.errors import (
     TaskNotFoundError,
     VersionSpecError,
 )
-from minisandbox.tasks.loaders.eval_scripts import EvalScriptParts, parse_eval_script
+from minisandbox.tasks.loaders.eval_script_parts import EvalScriptParts, parse_eval_script
 from minisandbox.tasks.loaders.files import FILE_SUFFIXES, load_file
 from minisandbox.tasks.loaders.overrides import (
     RecipeOverride,

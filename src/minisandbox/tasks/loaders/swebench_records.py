@@ -16,7 +16,7 @@ from typing import Any
 
 from minisandbox.envs.recipe import EnvRecipe
 from minisandbox.tasks.loaders.conda_exports import conda_env_to_recipe
-from minisandbox.tasks.loaders.eval_scripts import EvalScriptParts, exports, parse_eval_script
+from minisandbox.tasks.loaders.eval_script_parts import EvalScriptParts, exports, parse_eval_script
 from minisandbox.tasks.loaders.fields import (
     Where,
     as_list,
