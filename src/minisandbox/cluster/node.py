@@ -52,7 +52,7 @@ from minisandbox.envs.layerbuild import LayerBuilder
 from minisandbox.envs.settings import BuildSettings
 from minisandbox.errors import PoolError, SandboxFileError, SandboxNotRunningError
 from minisandbox.evaluation.evaluator import EvalResult, Evaluator
-from minisandbox.layers.budget import LocalIOBudget
+from minisandbox.layers.budget import LocalIOBudget, NodeSemaphore
 from minisandbox.layers.replica import copy_layer
 from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.sandbox.session import SessionResult
@@ -119,7 +119,7 @@ class NodeAgent:
         self._copying: dict[str, asyncio.Lock] = {}
         self.copied_bytes = 0
         self.capacity = max(1, int(capacity))
-        self.slots = LocalIOBudget(self.builder.settings.cache / "slots", self.capacity)
+        self.slots = NodeSemaphore(self.builder.settings.cache / "slots", self.capacity)
         self.opened: dict[str, _Open] = {}
         self.hits = 0
         self.misses = 0

@@ -73,8 +73,10 @@ def _alive(pid: int, start: str) -> bool:
     return pid_alive(pid)
 
 
-class LocalIOBudget(IOBudget):
-    """At most `limit_bytes` reserved at once across every process using `state_dir`."""
+class NodeSemaphore:
+    """At most `limit_bytes` units reserved at once across every process using `state_dir`,
+    admitted first come first served; a dead process's reservations stop counting. The I/O
+    budget counts bytes with it (LocalIOBudget), a node's sandbox capacity sandboxes."""
 
     def __init__(self, state_dir: Path, limit_bytes: int | str) -> None:
         self.limit = parse_size(limit_bytes)
@@ -85,12 +87,6 @@ class LocalIOBudget(IOBudget):
         self._lock_path = self.state_dir / "io-budget.lock"
         self._state_path = self.state_dir / "io-budget.json"
         self._me: tuple[int, str] | None = None
-
-    @classmethod
-    def from_env(cls, state_dir: Path) -> LocalIOBudget | None:
-        """A budget of $MINISANDBOX_IO_BUDGET bytes, or None when unset (no throttling)."""
-        value = os.environ.get(ENV_VAR, "").strip()
-        return cls(state_dir, value) if value else None
 
     # state, always read and written under the lock
 
@@ -204,3 +200,13 @@ class LocalIOBudget(IOBudget):
             yield
         finally:
             self._remove(token)
+
+
+class LocalIOBudget(NodeSemaphore, IOBudget):
+    """At most `limit_bytes` being unpacked at once across every process using `state_dir`."""
+
+    @classmethod
+    def from_env(cls, state_dir: Path) -> LocalIOBudget | None:
+        """A budget of $MINISANDBOX_IO_BUDGET bytes, or None when unset (no throttling)."""
+        value = os.environ.get(ENV_VAR, "").strip()
+        return cls(state_dir, value) if value else None
