@@ -88,6 +88,27 @@ async def purpose_layers(
     Raises:
         ValueError: not a purpose; and what `Builder.layers` raises.
     """
+    layers, _ = await purpose_sandbox(
+        builder, task, purpose, build=build, extra_env=extra_env, on_phase=on_phase
+    )
+    return layers
+
+
+async def purpose_sandbox(
+    builder: Builder,
+    task: Task,
+    purpose: Purpose,
+    *,
+    build: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+    on_phase: Callable[[str, str], None] | None = None,
+) -> tuple[TaskLayers, dict[str, object]]:
+    """`purpose_layers`, and the SandboxConfig fields a sandbox of `purpose` needs beyond
+    its layers (a build's network and limits; none for the others).
+
+    Raises:
+        ValueError: not a purpose; and what `Builder.layers` raises.
+    """
     row = spec(purpose)
     layers = await builder.layers(
         task,
@@ -96,24 +117,16 @@ async def purpose_layers(
         extra_env={**row.env, **(extra_env or {})},
         on_phase=on_phase,
     )
-    if row.build_network:
-        config = builder.build_config(builder.interpreter(task), upper=None)
-        layers = layers.model_copy(
-            update={
-                "env_vars": {**config.env, **layers.env_vars},
-                "ro_paths": sorted({*layers.ro_paths, *config.ro_paths}),
-            }
-        )
-    return layers
-
-
-def purpose_overrides(builder: Builder, task: Task, purpose: Purpose) -> dict[str, object]:
-    """SandboxConfig fields a sandbox of `purpose` needs beyond its layers (a build's network
-    and limits)."""
-    if not spec(purpose).build_network:
-        return {}
+    if not row.build_network:
+        return layers, {}
     config = builder.build_config(builder.interpreter(task), upper=None)
-    return {"egress": config.egress, "limits": config.limits}
+    layers = layers.model_copy(
+        update={
+            "env_vars": {**config.env, **layers.env_vars},
+            "ro_paths": sorted({*layers.ro_paths, *config.ro_paths}),
+        }
+    )
+    return layers, {"egress": config.egress, "limits": config.limits}
 
 
 def graded_task(builder: Builder, task: Task, purpose: Purpose) -> Task:

@@ -171,10 +171,14 @@ class Runtime:
             required = self.builder.settings.require_validated
             if required if require_validated is None else require_validated:
                 check_validated(self.builder, task)
-        layers = await self.layers(
-            task, purpose, build=build, extra_env=extra_env, on_phase=on_phase
+        layers, more = await purposes.purpose_sandbox(
+            self.builder,
+            task,
+            purpose,
+            build=self.build if build is None else build,
+            extra_env=extra_env,
+            on_phase=on_phase,
         )
-        more = purposes.purpose_overrides(self.builder, task, purpose)
         async with self.backend.open(layers, **more, **overrides) as sb:
             if row.build_network:
                 await install_host_ca(sb)
