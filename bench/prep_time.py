@@ -344,8 +344,8 @@ async def start_cold_task_only(job: Job, work_dir: Path, scratch: Path) -> Sampl
     with scratch_dir(scratch, "cold-") as cache:
         builder = make_builder(work_dir, job.mirror, cache=cache)
         builder.interpreter(job.task)
-        layers = builder.layers_of(job.task)
-        assert layers is not None
+        layers = builder.built_layers(job.task)
+        assert layers
         async with builder.cache.use([layers[0]]):  # untimed: the shared environment layer
             pass
         t0 = time.perf_counter()

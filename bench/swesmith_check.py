@@ -54,8 +54,8 @@ async def main() -> dict[str, Any]:
     for iid, gold, empty in results:
         r = repos.setdefault(iid.split(".")[0], {"n": 0, "gold": 0, "empty": 0})
         r["n"], r["gold"], r["empty"] = r["n"] + 1, r["gold"] + gold, r["empty"] + empty
-    layers = [builder.layers_of(t) for t in tasks]
-    sizes = [builder.store.info(found[1]).stored_bytes for found in layers if found]
+    layers = [builder.built_layers(t) for t in tasks]
+    sizes = [builder.store.info(found[-1]).stored_bytes for found in layers if found]
     return {
         "tasks": len(tasks),
         "gold_resolved": sum(g for _, g, _ in results),

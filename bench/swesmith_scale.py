@@ -183,7 +183,9 @@ async def main() -> dict[str, Any]:
     seconds["build"] = round(time.monotonic() - began, 1)
     du = builder.store.du()
     bug_layers = [
-        builder.store.info(found[1]).stored_bytes for t in tasks if (found := builder.layers_of(t))
+        builder.store.info(found[-1]).stored_bytes
+        for t in tasks
+        if (found := builder.built_layers(t))
     ]
     began = time.monotonic()
     started = await start_all(builder, tasks)

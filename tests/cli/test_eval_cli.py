@@ -236,7 +236,7 @@ def test_build_validate_and_require_validated(settings, built, tmp_path: Path, m
 
     # A task sharing the layer but not its test spec has no verdict of its own...
     changed = task.model_copy(update={"pass_to_pass": task.pass_to_pass[:1]})
-    assert builder.layers_of(changed) == builder.layers_of(task)
+    assert builder.built_layers(changed) == builder.built_layers(task)
     assert read_validation(builder, changed) is None
     # ... and one with no gold patch fails validation, with the reason recorded.
     no_gold = task.model_copy(update={"gold_patch": "", "pass_to_pass": []})

@@ -61,7 +61,7 @@ def nodes(settings: BuildSettings, built: list, tasks: list[Task], home: Path) -
     async def sizes() -> list[int]:
         out = []
         for task in tasks:
-            layers = await portable(builder, await builder.layers(task, build=False))
+            layers = await portable(builder, await builder.task_layers(task, build=False))
             out += [builder.store.info(i).size for i in layers.ids]
         return out
 

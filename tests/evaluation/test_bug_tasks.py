@@ -284,9 +284,9 @@ async def test_a_bug_task_whose_hidden_tests_are_gone_is_made_again(
     tests = (builder.store.meta(result.task_layer or "") or {})[LAYER_KEY]
     builder.store.untag(f"tests/{tests}")
     builder.store.gc(keep={r.id for r in builder.store.list()} - {tests}, grace=0)
-    assert not builder.store.exists(tests) and builder.layers_of(task) is None
+    assert not builder.store.exists(tests) and not builder.built_layers(task)
     again = await Builder(own).build(task)
     assert [ref.split("/")[0] for ref in again.built_layers] == ["bug"], again.built_layers
-    assert builder.store.exists(tests) and builder.layers_of(task) is not None
+    assert builder.store.exists(tests) and builder.built_layers(task)
     graded = await Evaluator(Builder(own), timeout=120).evaluate(task, task.gold_patch)
     assert graded.resolved, graded

@@ -31,6 +31,29 @@ def test_rebuild_is_cached_and_layers_are_shared(settings: BuildSettings, built:
     result = asyncio.run(builder.build(twin))
     assert result.status == "built" and result.env_layer == built[0].env_layer
     assert result.task_layer != built[0].task_layer
+    assert result.built_layers == [builder.task_ref(twin, built[0].env_layer)]
+
+
+def test_concurrent_builds_each_report_their_own_layers(
+    settings: BuildSettings, built: list
+) -> None:
+    """Builds running at once in one builder: each result names the layers it built, not the
+    ones another build made meanwhile (nor the ones it found in the store)."""
+    builder = Builder(settings)
+    task = load_tasks("examples")[0]
+    twins = [
+        task.model_copy(update={"id": f"twin-{i}", "install": [f"echo {i} > /tmp/twin"]})
+        for i in range(3)
+    ]
+
+    async def both() -> list:
+        return await asyncio.gather(*(builder.build(t) for t in [*twins, task]))
+
+    *results, cached = asyncio.run(both())
+    for twin, r in zip(twins, results, strict=True):
+        assert r.status == "built", r.error
+        assert r.built_layers == [builder.task_ref(twin, built[0].env_layer)], r.built_layers
+    assert cached.status == "cached" and cached.built_layers == []
 
 
 async def test_task_sandbox_has_repo_venv_and_tests(settings: BuildSettings, built: list) -> None:
@@ -177,9 +200,9 @@ def _damage(path: Path) -> None:
 def test_forced_rebuild_repairs_a_corrupt_blob(private: tuple, tmp_path: Path) -> None:
     settings, task = private
     builder = Builder(settings)
-    layers = builder.layers_of(task)
-    assert layers is not None
-    sha, blob = _testbed_blob(builder, layers[1])
+    layers = builder.built_layers(task)
+    assert layers
+    sha, blob = _testbed_blob(builder, layers[-1])
     _damage(blob)
     r = asyncio.run(builder.build(task, force=True))
     assert r.status == "built" and r.task_layer, r.error
@@ -198,9 +221,9 @@ def test_verify_repair_then_build_rebuilds(private: tuple, tmp_path: Path) -> No
 
     settings, task = private
     builder = Builder(settings)
-    layers = builder.layers_of(task)
-    assert layers is not None
-    _sha, task_blob = _testbed_blob(builder, layers[1])
+    layers = builder.built_layers(task)
+    assert layers
+    _sha, task_blob = _testbed_blob(builder, layers[-1])
     os.unlink(task_blob)
     env_doc = builder.store.manifest(layers[0])
     _damage(builder.store.blob_path(env_doc["blobs"][0]))
@@ -211,7 +234,7 @@ def test_verify_repair_then_build_rebuilds(private: tuple, tmp_path: Path) -> No
         assert f"ref {ref}: dropped" in out, out
     fresh = settings.model_copy(update={"cache": tmp_path / "fresh-node"})
     builder = Builder(fresh)
-    assert builder.layers_of(task) is None
+    assert not builder.built_layers(task)
     result = asyncio.run(builder.build(task))
     assert result.status == "built", result.error
     assert {ref.split("/")[0] for ref in result.built_layers} == {"env", "task"}

@@ -52,7 +52,6 @@ async def env_layer(
     what: str,
     imports: ImportsAt,
     source: str = "the repository at its environment commit",
-    made: list[str],
     force: bool = False,
 ) -> str:
     """The environment layer `ref` of `recipe` on `interp`: the stored one, or built once.
@@ -79,7 +78,7 @@ async def env_layer(
             },
             collect=VENV,
         )
-        return await lb.build_layer(layer, made, force)
+        return await lb.build_layer(layer, force)
 
     # Tasks sharing a recipe build it once, and a recipe that fails, fails once.
     return await lb.once(ref, force, make, record_for=what)

@@ -9,7 +9,8 @@ directory named after its owner, the lower layers pinned in the node cache, the 
 collecting without following a planted link, publishing, naming the ref last.
 
 `LayerBuilder.once` builds a ref once: across coroutines and processes (a lock per ref), and a
-recorded failure fails at once instead of rebuilding (until `force`).
+recorded failure fails at once instead of rebuilding (until `force`). `LayerBuilder.recording()`
+says which refs a call built (rather than found in the store), for that call alone.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +157,11 @@ class LayerBuild:
     """Fills the upper directory before the sandbox starts (a checkout), in a thread."""
 
 
+# The refs published in the current `recording()` (per asyncio task: concurrent builds each
+# see only their own; a coroutine they await or gather adds to theirs).
+_RECORDING: ContextVar[list[str] | None] = ContextVar("minisandbox_built_refs", default=None)
+
+
 class LayerBuilder:
     """Builds layers into a store, each once; `build_layer` is the skeleton every kind uses."""
 
@@ -278,11 +285,24 @@ class LayerBuilder:
             return None
         return RecordedBuildFailure(ref, record)
 
+    @staticmethod
+    @contextlib.contextmanager
+    def recording() -> Iterator[list[str]]:
+        """The refs that `publish` names while the block runs, in this asyncio task and what
+        it awaits (the layers built, not found in the store); nested recordings each see
+        theirs."""
+        refs: list[str] = []
+        token = _RECORDING.set(refs)
+        try:
+            yield refs
+        finally:
+            _RECORDING.reset(token)
+
     # ---------------------------------------------------------------- the skeleton
 
-    async def build_layer(self, build: LayerBuild, made: list[str], force: bool = False) -> str:
-        """Build `build` in a build sandbox and publish it; returns the layer id. `made` gets
-        the ref. `force` re-hashes the blobs the layer reuses (see `publish`).
+    async def build_layer(self, build: LayerBuild, force: bool = False) -> str:
+        """Build `build` in a build sandbox and publish it; returns the layer id. `force`
+        re-hashes the blobs the layer reuses (see `publish`).
 
         Raises:
             BuildError: a step failed, or the collected directory is missing or behind a link.
@@ -303,7 +323,7 @@ class LayerBuilder:
                 tree = work / "layer"
                 _collect(upper, build.collect, tree, build.what, build.logs)
             meta = {"kind": build.kind, **build.meta, **extra}
-            return await self.publish(build.ref, tree, meta, build.interp, build.logs, made, force)
+            return await self.publish(build.ref, tree, meta, build.interp, build.logs, force)
 
     async def publish(
         self,
@@ -312,7 +332,6 @@ class LayerBuilder:
         meta: dict[str, Any],
         interp: Interpreter,
         logs: Path,
-        made: list[str],
         force: bool = False,
     ) -> str:
         """Store a built tree as a layer and name it `ref` (last: a ref never names a layer
@@ -321,7 +340,9 @@ class LayerBuilder:
         meta = {**meta, "interpreter": interp.model_dump(mode="json"), "logs": str(logs)}
         layer = await asyncio.to_thread(self.store.publish, tree, meta=meta, verify_existing=force)
         self.store.tag(ref, layer.id)
-        made.append(ref)
+        recording = _RECORDING.get()
+        if recording is not None:
+            recording.append(ref)
         return layer.id
 
     def build_config(

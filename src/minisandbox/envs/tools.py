@@ -125,4 +125,4 @@ async def tools_layer(lb: LayerBuilder, name: str, interp: Interpreter) -> str:
         meta={"service": name},
         collect=venv,  # refuses a planted link
     )
-    return await lb.once(ref, False, lambda: lb.build_layer(build, []))
+    return await lb.once(ref, False, lambda: lb.build_layer(build))

@@ -83,10 +83,10 @@ async def purpose_layers(
     extra_env: Mapping[str, str] | None = None,
     on_phase: Callable[[str, str], None] | None = None,
 ) -> TaskLayers:
-    """The task's layers for a sandbox of `purpose` (`Builder.layers`, as the table says).
+    """The task's layers for a sandbox of `purpose` (`Builder.task_layers`, as the table says).
 
     Raises:
-        ValueError: not a purpose; and what `Builder.layers` raises.
+        ValueError: not a purpose; and what `Builder.task_layers` raises.
     """
     layers, _ = await purpose_sandbox(
         builder, task, purpose, build=build, extra_env=extra_env, on_phase=on_phase
@@ -107,10 +107,10 @@ async def purpose_sandbox(
     its layers (a build's network and limits; none for the others).
 
     Raises:
-        ValueError: not a purpose; and what `Builder.layers` raises.
+        ValueError: not a purpose; and what `Builder.task_layers` raises.
     """
     row = spec(purpose)
-    layers = await builder.layers(
+    layers = await builder.task_layers(
         task,
         build=build,
         evaluation=row.eval_layers,

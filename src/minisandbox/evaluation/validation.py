@@ -99,10 +99,10 @@ def _records(meta: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
 
 def read_validation(builder: Builder, task: Task) -> Validation | None:
     """The recorded verdict for the task as it is now, or None."""
-    layers = builder.layers_of(task)
-    if layers is None:
+    layers = builder.built_layers(task)
+    if not layers:
         return None
-    entry = _records(builder.store.meta(layers[1])).get(task.id, {}).get(validation_key(task))
+    entry = _records(builder.store.meta(layers[-1])).get(task.id, {}).get(validation_key(task))
     return Validation.model_validate(entry) if entry else None
 
 
@@ -197,8 +197,8 @@ async def validate(
     """
     if not force and (known := read_validation(builder, task)) is not None:
         return known
-    layers = builder.layers_of(task)
-    if layers is None:
+    layers = builder.built_layers(task)
+    if not layers:
         raise TaskNotBuiltError(f"task {task.id} is not built; build it before validating")
     evaluator = Evaluator(builder, timeout=timeout or DEFAULT_TIMEOUT)
     gold, empty, history = await asyncio.gather(
@@ -214,5 +214,5 @@ async def validate(
         return {**meta, META_KEY: records}
 
     # Read-modify-write under the store's own lock: one writer at a time across processes.
-    await asyncio.to_thread(builder.store.update_meta, layers[1], record)
+    await asyncio.to_thread(builder.store.update_meta, layers[-1], record)
     return verdict

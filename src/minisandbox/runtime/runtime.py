@@ -125,7 +125,7 @@ class Runtime:
 
         Raises:
             ValueError: not a purpose.
-            TaskNotBuiltError, TaskBuildError, ServiceError, BuildError: as `Builder.layers`.
+            TaskNotBuiltError, TaskBuildError, ServiceError, BuildError: as `Builder.task_layers`.
         """
         return await purposes.purpose_layers(
             self.builder,

@@ -14,8 +14,8 @@ A task is made of layers, all published to the layer store:
   (envs.layout.EVAL_WHEELHOUSE);
 - the tools environments of its test services (envs.tools).
 
-Every layer is built by envs.layerbuild's one skeleton. `Builder.layers` gives a task's layers as
-data (`TaskLayers`), `launch` starts a sandbox of them; `Builder.sandbox` does both.
+Every layer is built by envs.layerbuild's one skeleton. `Builder.task_layers` gives a task's
+layers as data (`TaskLayers`), `launch` starts a sandbox of them; `Builder.sandbox` does both.
 Every step's output goes to a log under `logs/`; a failure names its step and keeps the log.
 """
 
@@ -190,7 +190,7 @@ class Builder(LayerBuilder):
         """`task` as evaluation runs it. A bug task's FAIL_TO_PASS test files, hidden from the
         agent, come back by the test patch its bug layer recorded (host side only); the other
         test files are reset to the task's commit (HEAD: its history is that one commit)."""
-        stack = self._stack(task) if task.bug_patch else []
+        stack = self.built_layers(task) if task.bug_patch else []
         if not stack:
             return task
         restore = restore_patch(self.store, self.store.meta(stack[-1]) or {})
@@ -212,15 +212,10 @@ class Builder(LayerBuilder):
         found = self.store.resolve(ref) if ref else None
         return [found] if found else []
 
-    def layers_of(self, task: Task) -> tuple[str, str] | None:
-        """(environment layer, task layer) ids when all are in the store; the task layer is
-        the topmost of the task's own (its bug layer, for a bug task)."""
-        stack = self._stack(task)
-        return (stack[0], stack[-1]) if stack else None
-
-    def _stack(self, task: Task) -> list[str]:
-        """The task's layers in the store, bottom up: environment, repository[, bug]; empty
-        unless all are there."""
+    def built_layers(self, task: Task) -> list[str]:
+        """The ids of the task's own layers in the store, bottom up: environment, repository[,
+        bug] (the last is the one its sandboxes start from); empty unless all are there. No
+        build: `task_layers` builds what is missing."""
         env_layer = self.store.resolve(self.env_ref(task))
         repo_layer = env_layer and self.store.resolve(self.task_ref(task, env_layer))
         if not env_layer or not repo_layer:
@@ -249,7 +244,6 @@ class Builder(LayerBuilder):
         `on_phase(task_id, phase)` is told "building env" and "building task" as the build
         reaches a layer it has to make (for progress displays)."""
         began = time.monotonic()
-        made: list[str] = []
 
         def phase(name: str, ref: str) -> None:
             if on_phase is not None and (
@@ -257,25 +251,26 @@ class Builder(LayerBuilder):
             ):
                 on_phase(task.id, name)
 
-        try:
-            phase("building env", self.env_ref(task))
-            env = await self._env_layer(task, force, made)
-            phase("building task", self.task_ref(task, env))
-            task_layer = await self._task_layer(task, env, force, made)
-            if task.bug_patch:
-                phase("building bug", self.bug_ref(task, task_layer))
-                task_layer = await self._bug_layer(task, env, task_layer, force, made)
-            await self._eval_deps_layer(task, env, task_layer, force, made)
-        except MiniSandboxError as e:
-            return BuildResult(
-                task_id=task.id,
-                status="failed",
-                error=str(e),
-                log=str(e.log) if isinstance(e, BuildError) else None,
-                step=e.step if isinstance(e, BuildError) else None,
-                recorded_failure=isinstance(e, RecordedBuildFailure),
-                seconds=time.monotonic() - began,
-            )
+        with self.recording() as made:
+            try:
+                phase("building env", self.env_ref(task))
+                env = await self._env_layer(task, force)
+                phase("building task", self.task_ref(task, env))
+                task_layer = await self._task_layer(task, env, force)
+                if task.bug_patch:
+                    phase("building bug", self.bug_ref(task, task_layer))
+                    task_layer = await self._bug_layer(task, env, task_layer, force)
+                await self._eval_deps_layer(task, env, task_layer, force)
+            except MiniSandboxError as e:
+                return BuildResult(
+                    task_id=task.id,
+                    status="failed",
+                    error=str(e),
+                    log=str(e.log) if isinstance(e, BuildError) else None,
+                    step=e.step if isinstance(e, BuildError) else None,
+                    recorded_failure=isinstance(e, RecordedBuildFailure),
+                    seconds=time.monotonic() - began,
+                )
         env_meta = self.store.meta(env) or {}
         return BuildResult(
             task_id=task.id,
@@ -300,9 +295,9 @@ class Builder(LayerBuilder):
         Raises:
             BuildError: a step failed (RecordedBuildFailure: it failed before, until `force`).
         """
-        return await self._env_layer(task, force, [])
+        return await self._env_layer(task, force)
 
-    async def _env_layer(self, task: Task, force: bool, made: list[str]) -> str:
+    async def _env_layer(self, task: Task, force: bool) -> str:
         imports = functools.partial(self.repos.imports_at, task)
         return await env_layer(
             self,
@@ -312,11 +307,10 @@ class Builder(LayerBuilder):
             what=task.id,
             imports=imports,
             source=f"{task.repo} at {task.environment_setup_commit}",
-            made=made,
             force=force,
         )
 
-    async def _task_layer(self, task: Task, env: str, force: bool, made: list[str]) -> str:
+    async def _task_layer(self, task: Task, env: str, force: bool) -> str:
         ref = self.task_ref(task, env)
 
         async def make() -> str:
@@ -349,13 +343,11 @@ class Builder(LayerBuilder):
                 lower=[env],
                 prepare=lambda upper: self.repos.checkout(task, upper / "testbed", logs),
             )
-            return await self.build_layer(build, made, force)
+            return await self.build_layer(build, force)
 
         return await self.once(ref, force, make)
 
-    async def _bug_layer(
-        self, task: Task, env: str, repo_layer: str, force: bool, made: list[str]
-    ) -> str:
+    async def _bug_layer(self, task: Task, env: str, repo_layer: str, force: bool) -> str:
         ref = self.bug_ref(task, repo_layer)
 
         async def make() -> str:
@@ -388,7 +380,7 @@ class Builder(LayerBuilder):
                 meta={"task": task.id, "env_layer": env, "repo_layer": repo_layer},
                 lower=[env, repo_layer],
             )
-            return await self.build_layer(build, made, force)
+            return await self.build_layer(build, force)
 
         found = self.store.resolve(ref)
         if found and not tests_present(self.store, found):
@@ -423,7 +415,7 @@ class Builder(LayerBuilder):
             )
 
     async def _eval_deps_layer(
-        self, task: Task, env: str, task_layer: str, force: bool, made: list[str]
+        self, task: Task, env: str, task_layer: str, force: bool
     ) -> str | None:
         ref = self.eval_deps_ref(task, task_layer)
         if ref is None:
@@ -455,13 +447,13 @@ class Builder(LayerBuilder):
                 collect=EVAL_WHEELHOUSE,
                 lower=[env, task_layer],
             )
-            return await self.build_layer(build, made, force)
+            return await self.build_layer(build, force)
 
         return await self.once(ref, force, make)
 
     # ---------------------------------------------------------------- running
 
-    async def layers(
+    async def task_layers(
         self,
         task: Task,
         *,
@@ -484,12 +476,12 @@ class Builder(LayerBuilder):
             UvNotFoundError: a build is needed and there is no uv.
         """
         check_services(task)
-        stack = self._stack(task)
+        stack = self.built_layers(task)
         if not stack:
             if not build:
                 raise TaskNotBuiltError(f"task {task.id} is not built; run `minisandbox build`")
             result = await self.build(task, on_phase=on_phase)
-            stack = self._stack(task)
+            stack = self.built_layers(task)
             if result.status == "failed" or not stack:
                 raise TaskBuildError(f"building task {task.id} failed: {result.error}")
         env, *base, task_layer = stack
@@ -521,14 +513,14 @@ class Builder(LayerBuilder):
         on_phase: Callable[[str, str], None] | None = None,
         **overrides: Any,
     ) -> AsyncIterator[Sandbox]:
-        """A sandbox of the task: `layers` (see there), then `launch`, on this host, with no
+        """A sandbox of the task: `task_layers` (see there), then `launch`, on this host, with no
         policy: what the build and its checks use. `overrides` are more SandboxConfig fields.
         Agents, graders and integrations take theirs from `minisandbox.Runtime.sandbox(task,
         purpose=...)`, which checks the validation policy for agents' sandboxes.
 
         Raises:
             TaskNotBuiltError, TaskBuildError, ServiceError, BuildError, UvNotFoundError: see
-                `layers`.
+                `task_layers`.
             SandboxStartError: the sandbox could not be set up.
             TypeError: `require_validated` was passed (Runtime.sandbox checks validations).
         """
@@ -537,7 +529,7 @@ class Builder(LayerBuilder):
                 "Builder.sandbox does not check validations: agents' sandboxes come from "
                 "minisandbox.Runtime(builder=builder).sandbox(task, require_validated=...)"
             )
-        layers = await self.layers(
+        layers = await self.task_layers(
             task, build=build, evaluation=evaluation, extra_env=extra_env, on_phase=on_phase
         )
         async with launch(self, layers, **overrides) as sb:
