@@ -71,6 +71,15 @@ def portable(value: Any, places: dict[Path | None, str]) -> Any:
     return fix(value)
 
 
+def _version(distribution: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def host_info() -> dict[str, Any]:
     """What the numbers depend on. The load average shows whether other work shared the CPUs."""
     return {
@@ -79,6 +88,7 @@ def host_info() -> dict[str, Any]:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "as_root": os.geteuid() == 0,
+        "swebench": _version("swebench"),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 

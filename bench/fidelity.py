@@ -5,9 +5,13 @@ fresh sandbox with the network off: with the dataset's gold patch and with an em
 gold run that is not resolved, or an empty run that is, is a failure of our reproduction of the
 official harness (environment, services, grading), never of the task.
 
+`--infer` withholds what describes the instances' environments (their conda exports and their
+`version`, so no swebench spec applies): every recipe is inferred from its repository
+(tasks.repo_recipes), as for a repository nobody described.
+
     python bench/fidelity.py --dataset verified.parquet --envs-dir DIR --git-mirror DIR
                              [--repos psf/requests pytest-dev/pytest pallets/flask]
-                             [--instance-ids ID ...] [--jobs 2]
+                             [--instance-ids ID ...] [--jobs 2] [--infer]
                              [--work-dir DIR | --store DIR --cache DIR]
 """
 
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +44,24 @@ def select(args: argparse.Namespace) -> list[Task]:
         ]
     if not ids:
         raise SystemExit(f"no task of {', '.join(args.repos)} in {args.dataset}")
+    if args.infer:  # the records without their version, and no exports
+        wanted = set(ids)
+        rows = [
+            {**r, "version": None} for r in _all_columns(args.dataset) if r["instance_id"] in wanted
+        ]
+        withheld = args.work_dir.expanduser() / "records-without-version.jsonl"
+        withheld.parent.mkdir(parents=True, exist_ok=True)
+        withheld.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+        return load_tasks(withheld, instance_ids=ids)
     return load_tasks(args.dataset, envs_dir=args.envs_dir, instance_ids=ids)
+
+
+def _all_columns(dataset: Path) -> list[dict[str, Any]]:
+    if dataset.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_table(dataset).to_pylist())
+    return dataset_records(dataset)
 
 
 def _verdict(r: EvalResult) -> dict[str, Any]:
@@ -61,6 +83,8 @@ async def run_task(
     began = time.monotonic()
     built: BuildResult = await builder.build(task)
     out: dict[str, Any] = {"build": built.status, "build_s": round(time.monotonic() - began, 1)}
+    if built.inferred:
+        out["inferred"] = built.inferred
     if built.status == "failed":
         out["failure"] = f"build failed: {built.error}"
         return out
@@ -96,6 +120,7 @@ async def main() -> dict[str, Any]:
     ap.add_argument("--store", type=Path, help="layer store (default <work-dir>/store)")
     ap.add_argument("--cache", type=Path, help="node cache (default <work-dir>/cache)")
     ap.add_argument("--logs", type=Path, help="write each run's test log here")
+    ap.add_argument("--infer", action="store_true", help="withhold exports and specs: infer")
     args = ap.parse_args()
 
     work = args.work_dir.expanduser()

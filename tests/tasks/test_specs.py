@@ -182,18 +182,12 @@ def test_not_found_lists_every_missing_id() -> None:
     assert info.value.source == "examples"
 
 
-def test_verified_without_envs_dir_names_the_instance() -> None:
-    from minisandbox.tasks.loaders.swebench_specs import swebench_specs_table
-
-    if swebench_specs_table() is not None:
-        tasks = load_tasks(VERIFIED, instance_ids=["psf__requests-2317"])
-        assert tasks[0].install == ["python -m pip install ."]
-        return
-    with pytest.raises(TaskFormatError) as info:
-        load_tasks(VERIFIED, instance_ids=["psf__requests-2317"])
-    message = str(info.value)
-    assert "psf__requests-2317" in message and "envs_dir" in message and "swebench" in message
-    assert info.value.field == "env"
+def test_verified_without_envs_dir_takes_the_shipped_spec() -> None:
+    """Without its export a record gets the recipe of swebench 4.1.0's spec, which ships with
+    the package (whichever swebench is installed)."""
+    tasks = load_tasks(VERIFIED, instance_ids=["psf__requests-2317"])
+    assert tasks[0].install == ["python -m pip install ."]
+    assert tasks[0].env.python == "3.9" and "pip==24.2" in tasks[0].env.requirements
 
 
 # ------------------------------------------------------------------------------ conda exports

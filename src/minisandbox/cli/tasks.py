@@ -45,7 +45,7 @@ def tasks_(
                         "id": t.id,
                         "repo": t.repo,
                         "base_commit": t.base_commit,
-                        "python": t.env.python,
+                        "python": t.env.python or "inferred",
                         "fail_to_pass": len(t.fail_to_pass),
                         "packages": len(t.env.requirements),
                     }
@@ -57,5 +57,7 @@ def tasks_(
     columns = ("id", "repo", "base commit", "python", "failing")
     add_columns(table, columns, [t.id for t in loaded], wrap=("repo",))
     for t in loaded:
-        table.add_row(t.id, t.repo, t.base_commit[:10], t.env.python, str(len(t.fail_to_pass)))
+        table.add_row(
+            t.id, t.repo, t.base_commit[:10], t.env.python or "inferred", str(len(t.fail_to_pass))
+        )
     print_table(table)

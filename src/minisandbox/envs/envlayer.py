@@ -102,7 +102,9 @@ class _EnvBuild:
 
     async def run(self, interp: Interpreter, sb: Sandbox) -> dict[str, Any]:
         step = functools.partial(self.lb.step, sb, self.ref, self.logs)
-        await step("venv", f"uv venv --seed --python {interp.executable} {VENV}")
+        # As of the recipe's date, the seed (pip, setuptools, wheel) too.
+        dated = f"--exclude-newer {shlex.quote(self.recipe.as_of)} " if self.recipe.as_of else ""
+        await step("venv", f"uv venv --seed {dated}--python {interp.executable} {VENV}")
         await sb.write_file(
             "/tmp/standalone.sh", package_text("minisandbox.envs", "helpers", "standalone.sh")
         )
@@ -134,7 +136,8 @@ class _EnvBuild:
     async def _install(self, sb: Sandbox, requirements: list[str], uv_options: list[str]) -> None:
         """Install `requirements` into the venv (the "requirements" step)."""
         await sb.write_file("/tmp/requirements.txt", "\n".join(requirements) + "\n")
-        options = " ".join([*self.recipe.pip_options, *map(shlex.quote, uv_options)])
+        dated = ["--exclude-newer", self.recipe.as_of] if self.recipe.as_of else []
+        options = " ".join([*self.recipe.pip_options, *map(shlex.quote, [*dated, *uv_options])])
         # No --compile-bytecode: uv's compiler needs Python >= 3.7 (3.6 has no
         # py_compile.PycInvalidationMode); the interpreter's own compileall (the bytecode
         # step) works on every version.

@@ -311,6 +311,33 @@ def commit_date(source: str | Path, commit: str) -> str:
     return _git(source, "log", "-1", "--format=%cI", commit).strip()
 
 
+def blobs_at(source: str | Path, commit: str) -> dict[str, int]:
+    """The regular files of `source`'s tree at `commit` and their sizes (links and submodules
+    left out: a path read from here is never followed anywhere)."""
+    out = _git(source, "ls-tree", "-r", "-l", "-z", commit)
+    blobs = {}
+    for entry in out.split("\0"):
+        meta, _, path = entry.partition("\t")
+        fields = meta.split()
+        if len(fields) == 4 and fields[0] in ("100644", "100755") and fields[3].isdigit():
+            blobs[path] = int(fields[3])
+    return blobs
+
+
+def read_at(source: str | Path, commit: str, path: str) -> str:
+    """The text of the file `path` at `commit` (undecodable bytes replaced)."""
+    env = {**os.environ, **GIT_ENV}
+    r = subprocess.run(
+        ["git", "-C", str(source), "cat-file", "blob", f"{commit}:{path}"],
+        capture_output=True,
+        env=env,
+        check=False,
+    )
+    if r.returncode != 0:
+        raise HistoryError(f"git cat-file {commit}:{path} in {source} failed: {r.stderr!r}")
+    return r.stdout.decode("utf-8", errors="replace")
+
+
 class Submodule(NamedTuple):
     """A git submodule of a checkout: its name and path in .gitmodules, its URL, and the commit
     the superproject's tree records for it."""

@@ -134,6 +134,8 @@ class BuildResult(BaseModel):
     relaxed: list[relax.Relaxation] = []
     # What may make the task behave unlike in its official image (system_packages.py).
     warnings: list[str] = []
+    # What its recipe took from the repository, and from which file (tasks.repo_recipes).
+    inferred: dict[str, str] = {}
 
 
 class Builder(LayerBuilder):
@@ -145,13 +147,38 @@ class Builder(LayerBuilder):
     def __init__(self, settings: BuildSettings | None = None) -> None:
         super().__init__(settings)
         self.repos = RepoSources(self.settings)
+        self._resolved: dict[tuple[str, str, str], Task] = {}
 
     # ---------------------------------------------------------------- keys
 
+    def resolved(self, task: Task) -> Task:
+        """`task` with a recipe that has nothing left to read from its repository (the one
+        every layer of it is built with): itself for most tasks; once per builder for those
+        whose recipe names a requirements file there or is inferred (tasks.repo_recipes).
+
+        Raises:
+            BuildError: at step "resolve" (RepoSources.resolve_recipe).
+        """
+        if task.env.resolved:
+            return task
+        key = (
+            task.repo,
+            task.environment_setup_commit or task.base_commit,
+            task.env.model_dump_json(),
+        )
+        found = self._resolved.get(key)
+        if found is None:
+            found = self.repos.resolve_recipe(task, self.log_dir(f"task/{task.id}"))
+            self._resolved[key] = found
+        return task.model_copy(update={"env": found.env})
+
     def interpreter(self, task: Task) -> Interpreter:
-        return self.find_interpreter(task.env.python)
+        python = self.resolved(task).env.python
+        assert python is not None  # (a resolved recipe has one)
+        return self.find_interpreter(python)
 
     def env_ref(self, task: Task) -> str:
+        task = self.resolved(task)
         return env_ref(task.environment_key(self.interpreter(task).version))
 
     def task_ref(self, task: Task, env_layer: str) -> str:
@@ -282,6 +309,7 @@ class Builder(LayerBuilder):
             relaxed=relaxations(env_meta),
             unresolved=bool(env_meta.get("unresolved")),
             warnings=host_warnings(task.env),
+            inferred=self.resolved(task).env.inferred,
         )
 
     def relaxed(self, env_layer: str) -> list[relax.Relaxation]:
@@ -298,6 +326,7 @@ class Builder(LayerBuilder):
         return await self._env_layer(task, force)
 
     async def _env_layer(self, task: Task, force: bool) -> str:
+        task = self.resolved(task)
         imports = functools.partial(self.repos.imports_at, task)
         return await env_layer(
             self,
@@ -488,7 +517,7 @@ class Builder(LayerBuilder):
         # The tools environments of the task's test services, on top.
         tools, tool_paths = await tools_layers(self, (parse_service(s)[0] for s in task.services))
         extra = self.eval_layers(task, task_layer) if evaluation else []
-        env_vars = {**task.env.env, **(extra_env or {})}
+        env_vars = {**self.resolved(task).env.env, **(extra_env or {})}
         if extra:  # pip splits PIP_FIND_LINKS on whitespace
             links = f"{env_vars.get('PIP_FIND_LINKS', '')} {EVAL_WHEELHOUSE}"
             env_vars["PIP_FIND_LINKS"] = links.strip()

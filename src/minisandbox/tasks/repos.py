@@ -19,6 +19,7 @@ from minisandbox.envs import githistory, relax
 from minisandbox.envs.layerbuild import BuildError
 from minisandbox.envs.settings import BuildSettings
 from minisandbox.sandbox.config import SandboxConfig
+from minisandbox.tasks.repo_recipes import RecipeResolveError, RepoTree, resolve
 from minisandbox.tasks.specs import Task
 from minisandbox.utils import safefs
 
@@ -180,6 +181,35 @@ class RepoSources:
                 f"{error[-300:]}",
             )
         return date
+
+    def resolve_recipe(self, task: Task, logs: Path) -> Task:
+        """`task` with its recipe's `from_repository` read from the repository at its
+        environment commit (its base commit when it has none): tasks.repo_recipes.
+
+        Raises:
+            BuildError: at step "resolve", when the repository cannot be read there or does
+                not give what the recipe leaves to it.
+        """
+        commit = task.environment_setup_commit or task.base_commit
+        log = logs / "resolve-recipe.log"
+        source = self.source(task, log, commits=[commit])
+        try:
+            tree = RepoTree(
+                githistory.blobs_at(source, commit),
+                lambda path: githistory.read_at(source, commit, path),
+                githistory.commit_date(source, commit) or None,
+            )
+            recipe = resolve(task.env, tree)
+        except (githistory.HistoryError, RecipeResolveError) as e:
+            log.write_text(f"{e}\n")
+            raise BuildError(
+                task.id,
+                "resolve",
+                log,
+                f": the recipe of {task.repo} at {commit} cannot be resolved: {str(e)[-300:]}",
+            ) from None
+        log.write_text(recipe.model_dump_json(indent=1) + "\n")
+        return task.model_copy(update={"env": recipe})
 
     def imports_at(self, task: Task, logs: Path) -> tuple[frozenset[str] | None, str | None]:
         """What the repository imports at its environment commit, and that commit's date

@@ -94,7 +94,12 @@ def _light() -> SimpleNamespace:
         constants = importlib.import_module("swebench.harness.constants")
         python_parsers = importlib.import_module(f"{_PARSERS}.python")
         table = dict(python_parsers.MAP_REPO_TO_PARSER_PY)
-        setattr(sys.modules[_PARSERS], "MAP_REPO_TO_PARSER", table)  # noqa: B010  (grading's)
+        # What grading imports from the parsers package: 4.x its repository table, 5.x its
+        # registry by name (here the Python parsers').
+        stubbed = sys.modules[_PARSERS]
+        setattr(stubbed, "MAP_REPO_TO_PARSER", table)  # noqa: B010
+        registry = {n: f for n, f in vars(python_parsers).items() if n.startswith("parse_log_")}
+        setattr(stubbed, "PARSER_REGISTRY", registry)  # noqa: B010
         grading = importlib.import_module("swebench.harness.grading")
     finally:
         for name in set(sys.modules) - before:

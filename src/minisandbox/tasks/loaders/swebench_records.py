@@ -3,9 +3,12 @@
 A record gives `instance_id`, `repo`, `base_commit`, `patch` (the gold patch), `test_patch`,
 `FAIL_TO_PASS`, `PASS_TO_PASS`, `version`, and optionally `eval_script`, `log_parser`, `image`
 (SWE-bench 5.x files carry these three). The environment recipe is the instance's conda export
-(`envs_dir/<instance_id>.yml`) when there is one, else a minimal recipe from swebench 4.x's
-spec; install and test commands come from the eval script, else from the spec. Last, the
-matching recipe overrides apply. Invariant: the same record, envs_dir and swebench table give
+(`envs_dir/<instance_id>.yml`) when there is one, else the recipe of swebench 4.1.0's spec
+(shipped as data, swebench_specs), else one inferred from the repository at its environment
+commit (tasks.repo_recipes: a repository nobody described, its installs as of the commit's
+date); install and test commands come from the eval script, else from the spec, else
+`pip install -e .` and pytest on the test patch's files. Last, the matching recipe overrides
+apply. Invariant: the same record, envs_dir and swebench table give
 the same task (its keys depend on it); docs/task-format.md describes each rule.
 """
 
@@ -14,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.envs.recipe import EnvRecipe, FromRepository
 from minisandbox.tasks.loaders.conda_exports import conda_env_to_recipe
 from minisandbox.tasks.loaders.eval_script_parts import EvalScriptParts, exports, parse_eval_script
 from minisandbox.tasks.loaders.fields import (
@@ -51,7 +54,9 @@ _LOG_PARSER_BY_REPO = {
     "sphinx-doc/sphinx": "sphinx",
     "sympy/sympy": "sympy",
 }
-_SWEBENCH_4 = "swebench 4.x (pip install 'swebench>=4.1,<5')"
+# A repository nobody described: installed as swebench's specs mostly do, tested with pytest.
+_DEFAULT_INSTALL = "python -m pip install -e ."
+_DEFAULT_TEST_CMD = {"test_cmd": "pytest -rA"}
 
 
 def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: Path | None) -> Task:
@@ -59,8 +64,7 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
     record is the one reported.
 
     Raises:
-        TaskFormatError: a field is missing or malformed, there is no environment recipe (no
-            conda export and no swebench spec), or no way to tell how to run the tests.
+        TaskFormatError: a field is missing or malformed.
         MissingDependencyError: PyYAML is not installed (conda exports, recipe overrides).
     """
     iid = text(record, "instance_id", where) or required(record, "instance_id", where)
@@ -73,11 +77,13 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
     version = version_text(record.get("version"))
     eval_script = text(record, "eval_script", where) or None
     spec = swebench_spec(repo, version)
-    recipe = _base_recipe(iid, spec, envs_dir, where)
+    recipe = _base_recipe(iid, repo, spec, envs_dir, where)
     parts = parse_eval_script(eval_script) if eval_script else None
     pre_install, install, recipe = _commands(spec, parts, recipe)
-    test_cmd = _test_cmd(spec, parts, repo, test_patch, where)
+    test_cmd = _test_cmd(spec, parts, repo, test_patch)
     recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
+    # An inferred recipe's repository is installed as of its commit, as its environment is.
+    inferred = recipe.from_repository is not None and recipe.from_repository.infer
     data = {
         "id": iid,
         "repo": repo,
@@ -98,6 +104,7 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
         "version": version,
         "image": text(record, "image", where) or None,
         "environment_setup_commit": text(record, "environment_setup_commit", where) or None,
+        "install_as_of": text(record, "install_as_of", where) or ("commit" if inferred else None),
         "source": source,
         "services": services,
     }
@@ -105,21 +112,16 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
 
 
 def _base_recipe(
-    iid: str, spec: dict[str, Any] | None, envs_dir: Path | None, where: Where
+    iid: str, repo: str, spec: dict[str, Any] | None, envs_dir: Path | None, where: Where
 ) -> EnvRecipe:
-    """The instance's conda export when envs_dir has it, else the spec's minimal recipe."""
+    """The instance's conda export when envs_dir has it, else the spec's recipe, else one
+    inferred from the repository (by the builder, at the environment commit)."""
     env_file = envs_dir / f"{iid}.yml" if envs_dir is not None else None
     if env_file is not None and env_file.is_file():
         return conda_env_to_recipe(env_file)
     if spec is not None:
-        return recipe_from_spec(spec, where)
-    looked = f" (no {env_file})" if env_file is not None else ""
-    raise where.error(
-        f"no environment recipe for {iid}{looked}: pass envs_dir= a directory with the "
-        f"instance's conda export {iid}.yml, or install {_SWEBENCH_4} for its "
-        "MAP_REPO_VERSION_TO_SPECS table",
-        "env",
-    )
+        return recipe_from_spec(spec, repo, where)
+    return EnvRecipe(python=None, from_repository=FromRepository(infer=True))
 
 
 def _commands(
@@ -142,25 +144,19 @@ def _commands(
         skipped.extend(f"eval_script setup: {cmd}" for cmd in parts.setup)
         if spec is None:  # the eval script reinstalls the repository: the same install commands
             install = parts.install
+    if spec is None and parts is None:
+        install = [_DEFAULT_INSTALL]
     return pre_install, install, recipe.model_copy(update={"env": env_vars, "skipped": skipped})
 
 
 def _test_cmd(
-    spec: dict[str, Any] | None,
-    parts: EvalScriptParts | None,
-    repo: str,
-    test_patch: str,
-    where: Where,
+    spec: dict[str, Any] | None, parts: EvalScriptParts | None, repo: str, test_patch: str
 ) -> str:
     if parts is not None and parts.test_cmd:
         return parts.test_cmd
     if spec is not None and spec.get("test_cmd"):
         return spec_test_cmd(spec, repo, test_patch)
-    raise where.error(
-        "cannot tell how to run the tests: the record has no eval_script with a test "
-        f"command, and {_SWEBENCH_4} is not installed",
-        "test_cmd",
-    )
+    return spec_test_cmd(_DEFAULT_TEST_CMD, repo, test_patch)
 
 
 def _log_parser(record: dict[str, Any], repo: str, where: Where) -> str:

@@ -1,0 +1,516 @@
+"""A recipe's `from_repository`, resolved by reading the repository at its environment commit.
+
+Three things a recipe can leave to its repository (envs.recipe.FromRepository):
+- a requirements file (swebench's `packages: requirements.txt`): the first of its paths that
+  exists is read, `-r` includes followed inside the repository, the repository itself (`-e .`,
+  `.[test]`), constraints and index options left out, as swebench's harness did; a package the
+  recipe pins itself is taken from the recipe (the harness installed its pins after the file);
+- a conda environment file (`packages: environment.yml`): its pip section, and its conda
+  packages as pip requirements;
+- everything (`infer`, a repository nobody wrote a recipe for): the Python version, from what
+  the repository says it supports and tests (python_requires, classifiers, tox, CI) and when
+  the commit was made; its test requirements, from the first of a test requirements file, the
+  test extras of its package metadata, or tox's deps; pytest; all resolved as of the commit's
+  date. docs/fidelity.md says where this inference stops.
+
+What was decided, and from which file, is kept in the recipe's `inferred` (the environment
+layer's metadata, `build --json`). The repository is read through `RepoTree`: regular files of
+the commit's tree only, each read bounded.
+"""
+
+from __future__ import annotations
+
+import ast
+import configparser
+import datetime as dt
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from minisandbox.envs.asof import as_of_date
+from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.errors import MiniSandboxError
+from minisandbox.tasks.loaders.conda_exports import (
+    CONDA_TO_PYPI,
+    conda_only_packages,
+    requirement_name,
+)
+from minisandbox.tasks.loaders.formats import yaml_module
+
+try:  # Python 3.11+
+    import tomllib
+except ModuleNotFoundError:  # pragma: no cover (3.10)
+    import tomli as tomllib
+
+# A file larger than this is not a recipe's source (and is not read).
+MAX_FILE_BYTES = 1 << 20
+_MAX_INCLUDE_DEPTH = 5
+
+# First release of each Python minor (python.org): inference never picks one the commit predates.
+PYTHON_RELEASES = {
+    "3.6": "2016-12-23",
+    "3.7": "2018-06-27",
+    "3.8": "2019-10-14",
+    "3.9": "2020-10-05",
+    "3.10": "2021-10-04",
+    "3.11": "2022-10-24",
+    "3.12": "2023-10-02",
+    "3.13": "2024-10-07",
+}
+# A Python its ecosystem had caught up with by the commit: out at least this long before it
+# (wheels of the dependencies exist).
+_SETTLED = dt.timedelta(days=180)
+# Test requirements files, in the order they are looked for.
+_TEST_REQUIREMENT_FILES = (
+    "requirements-test.txt",
+    "requirements_test.txt",
+    "requirements-tests.txt",
+    "requirements_tests.txt",
+    "test-requirements.txt",
+    "test_requirements.txt",
+    "tests/requirements.txt",
+    "requirements/test.txt",
+    "requirements/tests.txt",
+    "requirements/testing.txt",
+    "requirements/testing/default.txt",
+    "requirements-dev.txt",
+    "requirements_dev.txt",
+    "dev-requirements.txt",
+    "dev_requirements.txt",
+    "requirements/dev.txt",
+)
+_TEST_EXTRAS = ("test", "tests", "testing")
+_CLASSIFIER = re.compile(r"Programming Language :: Python :: (3\.\d+)\b")
+_TOX_ENV = re.compile(r"\bpy3(\d+)\b")
+_CI_VERSION = re.compile(r"""(?<![\d.])['"]?(3\.\d{1,2})['"]?(?![\d.])""")
+_PYTHON_REQUIRES = re.compile(r"""python_requires\s*=\s*(['"])([^'"]+)\1""")
+
+
+class RecipeResolveError(MiniSandboxError):
+    """The repository does not give what the recipe leaves to it."""
+
+
+class RepoTree:
+    """The regular files of a repository's tree at one commit, read on demand and bounded.
+
+    `blobs` maps each path to its size; `read(path)` gives a file's text (one that is absent,
+    a link, or larger than MAX_FILE_BYTES reads as None).
+    """
+
+    def __init__(self, blobs: dict[str, int], read: Callable[[str], str], date: str | None) -> None:
+        self.blobs = blobs
+        self._read = read
+        self.date = date
+        """The commit's date (ISO 8601), when known."""
+
+    def read(self, path: str) -> str | None:
+        path = posixpath.normpath(path)
+        size = self.blobs.get(path)
+        if size is None or size > MAX_FILE_BYTES:
+            return None
+        return self._read(path)
+
+    def first(self, paths: Iterable[str]) -> str | None:
+        """The first of `paths` that is a readable file."""
+        return next((p for p in paths if self.read(p) is not None), None)
+
+
+def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
+    """`recipe` with what it leaves to the repository read from `tree` (its environment
+    commit), `from_repository` cleared and `inferred` saying what was decided.
+
+    Raises:
+        RecipeResolveError: none of the files the recipe names is there, or inference found
+            no Python version the repository allows.
+    """
+    source = recipe.from_repository
+    if source is None:
+        return recipe
+    notes: dict[str, str] = dict(recipe.inferred)
+    skipped = list(recipe.skipped)
+    found: list[str] = []
+    python = recipe.python
+    as_of = recipe.as_of
+    if source.requirements_files:
+        path = tree.first(source.requirements_files)
+        if path is None:
+            raise RecipeResolveError(
+                f"none of the requirements files {', '.join(source.requirements_files)} is in "
+                "the repository at its environment commit"
+            )
+        found += requirements_file(tree, path, skipped)
+        notes["requirements"] = path
+    if source.environment_files:
+        path = tree.first(source.environment_files)
+        if path is None:
+            raise RecipeResolveError(
+                f"none of the environment files {', '.join(source.environment_files)} is in "
+                "the repository at its environment commit"
+            )
+        text = tree.read(path) or ""
+        found += environment_file(text, skipped)
+        notes["requirements"] = path
+    if source.infer:
+        python, why = infer_python(tree)
+        notes["python"] = f"{python}: {why}"
+        reqs, where = infer_requirements(tree, skipped)
+        found += reqs
+        notes["requirements"] = where
+        if tree.date:
+            as_of = as_of_date(tree.date)
+            notes["as_of"] = f"{as_of}: the environment commit's date"
+    own = {requirement_name(r) for r in recipe.requirements if "://" not in r}
+    kept = [r for r in _unique(found) if "://" in r or requirement_name(r) not in own]
+    # Validated as any recipe is (model_copy would not: what a repository says is input).
+    return EnvRecipe.model_validate(
+        {
+            **recipe.model_dump(),
+            "python": python,
+            "requirements": [*kept, *recipe.requirements],
+            "as_of": as_of,
+            "from_repository": None,
+            "inferred": notes,
+            "skipped": skipped,
+        }
+    )
+
+
+# ---------------------------------------------------------------- requirements files
+
+
+def requirements_file(tree: RepoTree, path: str, skipped: list[str], depth: int = 0) -> list[str]:
+    """The requirement lines of the file at `path`, its `-r` includes inlined (relative to the
+    including file, inside the repository); what cannot be a pip requirement of an environment
+    is noted in `skipped` instead."""
+    text = tree.read(path)
+    if text is None:
+        skipped.append(f"{path}: not in the repository")
+        return []
+    here = posixpath.dirname(path)
+    out: list[str] = []
+    for line in _logical_lines(text):
+        m = re.match(r"^(-r|--requirement)\s*=?\s*(\S+)$", line)
+        if m:
+            included = posixpath.normpath(posixpath.join(here, m[2]))
+            if depth >= _MAX_INCLUDE_DEPTH or included.startswith("../"):
+                skipped.append(f"{path}: {line}")
+            else:
+                out += requirements_file(tree, included, skipped, depth + 1)
+            continue
+        req = requirement_line(line)
+        if req is None:
+            skipped.append(f"{path}: {line}")
+        else:
+            out.append(req)
+    return out
+
+
+def _logical_lines(text: str) -> list[str]:
+    """Lines without comments and blank ones, continuations joined."""
+    lines: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        line = (pending + line).strip()
+        pending = ""
+        if line:
+            lines.append(line)
+    return lines
+
+
+def requirement_line(line: str) -> str | None:
+    """`line` as one requirement of an environment, or None: the repository itself (`.`,
+    `-e .`, `.[test]`), a local path, a constraint or index option, or not a requirement."""
+    line = line.strip()
+    editable = re.match(r"^(-e|--editable)\s+(\S+)$", line)
+    if editable:
+        line = editable[2]
+    if line.startswith(("-", ".", "/")):
+        return None
+    if re.match(r"^(git\+|hg\+|svn\+|bzr\+)?https?://", line):
+        return line if "#egg=" in line or "@" in line.split("://", 1)[1] else None
+    try:
+        Requirement(line)
+    except InvalidRequirement:
+        return None
+    return line
+
+
+def environment_file(text: str, skipped: list[str]) -> list[str]:
+    """The requirements of a conda environment file: its conda packages as pip requirements
+    (conda-only ones and Python left out) and its pip section."""
+    yaml = yaml_module()
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RecipeResolveError(f"the environment file is not YAML: {e}") from None
+    deps = doc.get("dependencies") if isinstance(doc, dict) else None
+    out: list[str] = []
+    for dep in deps if isinstance(deps, list) else []:
+        if isinstance(dep, dict):
+            for line in dep.get("pip") or []:
+                req = requirement_line(str(line))
+                if req is None:
+                    skipped.append(f"pip: {line}")
+                else:
+                    out.append(req)
+            continue
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$", str(dep).strip())
+        if not m or m[1].lower() in ("python", "pip"):
+            continue
+        if m[1].lower() in conda_only_packages():
+            skipped.append(f"conda: {dep}: conda-only")
+            continue
+        name = CONDA_TO_PYPI.get(m[1].lower(), m[1])
+        version = m[2].strip().replace(" ", "")
+        if version.startswith("=") and not version.startswith("=="):
+            version = "==" + version[1:] + ("" if version.endswith("*") else ".*")
+        req = requirement_line(f"{name}{version}")
+        if req is None:
+            skipped.append(f"conda: {dep}")
+        else:
+            out.append(req)
+    return out
+
+
+def _unique(reqs: list[str]) -> list[str]:
+    """The first requirement of each name (a name pinned twice would not resolve)."""
+    seen: set[str | None] = set()
+    out = []
+    for r in reqs:
+        name = None if "://" in r else requirement_name(r)
+        if name is None or name not in seen:
+            out.append(r)
+            seen.add(name)
+    return out
+
+
+# ---------------------------------------------------------------- inference
+
+
+def _metadata(tree: RepoTree) -> tuple[str, configparser.ConfigParser, dict[str, Any]]:
+    """setup.py's text, setup.cfg parsed and pyproject.toml parsed (each empty when absent or
+    unreadable)."""
+    setup_py = tree.read("setup.py") or ""
+    cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        cfg.read_string(tree.read("setup.cfg") or "")
+    except configparser.Error:
+        cfg = configparser.ConfigParser(interpolation=None)
+    try:
+        pyproject = tomllib.loads(tree.read("pyproject.toml") or "")
+    except tomllib.TOMLDecodeError:
+        pyproject = {}
+    return setup_py, cfg, pyproject
+
+
+def infer_python(tree: RepoTree) -> tuple[str, str]:
+    """The Python minor version for the repository at its commit, and why.
+
+    The newest of the versions the repository says it supports (classifiers) or tests (tox,
+    CI) that its python_requires allows and that had been out for six months at the commit;
+    without any such claim, the newest Python that had been out that long.
+
+    Raises:
+        RecipeResolveError: no Python version fits.
+    """
+    setup_py, cfg, pyproject = _metadata(tree)
+    project = pyproject.get("project") if isinstance(pyproject.get("project"), dict) else {}
+    assert isinstance(project, dict)
+    requires = None
+    m = _PYTHON_REQUIRES.search(setup_py)
+    if m:
+        requires = m[2]
+    elif cfg.has_option("options", "python_requires"):
+        requires = cfg.get("options", "python_requires")
+    elif isinstance(project.get("requires-python"), str):
+        requires = project["requires-python"]
+    try:
+        allowed = SpecifierSet(requires or "")
+    except InvalidSpecifier:  # computed in setup.py ('>=' + a variable): not read
+        allowed, requires = SpecifierSet(""), None
+    claimed: dict[str, str] = {}
+    sources = [
+        ("setup.py classifiers", _CLASSIFIER.findall(setup_py)),
+        (
+            "setup.cfg classifiers",
+            _CLASSIFIER.findall(cfg.get("metadata", "classifiers", fallback="")),
+        ),
+        (
+            "pyproject classifiers",
+            _CLASSIFIER.findall(" ".join(map(str, project.get("classifiers") or []))),
+        ),
+        ("tox.ini", [f"3.{n}" for n in _TOX_ENV.findall(_tox_envlist(tree))]),
+        ("CI files", _ci_versions(tree)),
+    ]
+    for where, versions in sources:
+        for v in versions:
+            claimed.setdefault(v, where)
+    commit = _date(tree.date)
+
+    def settled(v: str) -> bool:
+        released = PYTHON_RELEASES.get(v)
+        return released is not None and (
+            commit is None or _date(released) + _SETTLED <= commit  # type: ignore[operator]
+        )
+
+    fits = [v for v in claimed if settled(v) and allowed.contains(f"{v}.0", prereleases=True)]
+    note = f"python_requires {requires!r}, " if requires else ""
+    if fits:
+        best = max(fits, key=_minor)
+        return best, f"{note}the newest claimed ({claimed[best]}) out by the commit"
+    fallback = [v for v in PYTHON_RELEASES if settled(v) and allowed.contains(f"{v}.0")]
+    if fallback:
+        best = max(fallback, key=_minor)
+        return best, f"{note}no version claimed: the newest out six months before the commit"
+    oldest = [v for v in PYTHON_RELEASES if allowed.contains(f"{v}.0")]
+    if oldest:  # a commit older than every Python 3 here: the oldest the repository allows
+        best = min(oldest, key=_minor)
+        return best, f"{note}the commit predates every Python known here: the oldest allowed"
+    raise RecipeResolveError(
+        f"no Python version fits the repository (python_requires {requires!r}, commit "
+        f"{tree.date}): give the recipe a `python`"
+    )
+
+
+def _minor(v: str) -> tuple[int, int]:
+    major, minor = v.split(".")[:2]
+    return int(major), int(minor)
+
+
+def _date(value: str | None) -> dt.date | None:
+    if not value:
+        return None
+    return dt.date.fromisoformat(value[:10])
+
+
+def _tox_envlist(tree: RepoTree) -> str:
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read_string(tree.read("tox.ini") or "")
+    except configparser.Error:
+        return ""
+    return cfg.get("tox", "envlist", fallback="")
+
+
+def _ci_versions(tree: RepoTree) -> list[str]:
+    """Python versions named on the python version lines of CI files."""
+    out: list[str] = []
+    files = [p for p in tree.blobs if p.startswith(".github/workflows/")]
+    files += [p for p in (".travis.yml", "azure-pipelines.yml", ".circleci/config.yml")]
+    for path in sorted(files):
+        for line in (tree.read(path) or "").splitlines():
+            if re.search(r"python(-version|_version)?\s*:|\bpython\s*-\s|toxenv|PYTHON", line):
+                out += _CI_VERSION.findall(line)
+    return out
+
+
+def infer_requirements(tree: RepoTree, skipped: list[str]) -> tuple[list[str], str]:
+    """The test requirements of the repository (the package itself is installed by the task's
+    install step): the first test requirements file, else the test extras of its metadata,
+    else tox's deps; pytest always. Returns them and where they came from."""
+    path = tree.first(_TEST_REQUIREMENT_FILES)
+    if path is not None:
+        reqs, where = requirements_file(tree, path, skipped), path
+    else:
+        reqs, where = _test_extras(tree)
+        if not reqs:
+            reqs, where = _tox_deps(tree, skipped)
+    if not any(requirement_name(r) == "pytest" for r in reqs):
+        reqs.append("pytest")
+        where = f"{where} + pytest" if where else "pytest only"
+    return reqs, where
+
+
+def _test_extras(tree: RepoTree) -> tuple[list[str], str]:
+    setup_py, cfg, pyproject = _metadata(tree)
+    project = pyproject.get("project") if isinstance(pyproject.get("project"), dict) else {}
+    assert isinstance(project, dict)
+    optional = project.get("optional-dependencies") or {}
+    for extra in _TEST_EXTRAS:
+        if isinstance(optional, dict) and isinstance(optional.get(extra), list):
+            return _valid(optional[extra]), f"pyproject.toml [{extra}]"
+    if cfg.has_section("options.extras_require"):
+        for extra in _TEST_EXTRAS:
+            if cfg.has_option("options.extras_require", extra):
+                lines = cfg.get("options.extras_require", extra).splitlines()
+                return _valid(lines), f"setup.cfg [{extra}]"
+    extras = _setup_py_extras(setup_py)
+    for extra in _TEST_EXTRAS:
+        if extra in extras:
+            return _valid(extras[extra]), f"setup.py [{extra}]"
+    return [], ""
+
+
+def _valid(lines: Iterable[Any]) -> list[str]:
+    return [r for r in (requirement_line(str(line)) for line in lines) if r is not None]
+
+
+def _setup_py_extras(text: str) -> dict[str, list[str]]:
+    """`extras_require` of setup.py when it is made of literals: a dict, names bound to
+    literals at module level, lists added together."""
+    try:
+        module = ast.parse(text)
+    except SyntaxError:
+        return {}
+    names: dict[str, ast.expr] = {}
+    for node in module.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name):
+                names[target.id] = node.value
+
+    def value(node: ast.expr, depth: int = 0) -> Any:
+        if depth > 10:
+            raise ValueError("too deep")
+        if isinstance(node, ast.Name) and node.id in names:
+            return value(names[node.id], depth + 1)
+        if isinstance(node, ast.Dict):
+            return {
+                value(k, depth + 1): value(v, depth + 1)
+                for k, v in zip(node.keys, node.values, strict=True)
+                if k is not None
+            }
+        if isinstance(node, ast.List | ast.Tuple):
+            return [value(e, depth + 1) for e in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            return value(node.left, depth + 1) + value(node.right, depth + 1)
+        return ast.literal_eval(node)
+
+    for found_node in ast.walk(module):
+        if isinstance(found_node, ast.keyword) and found_node.arg == "extras_require":
+            try:
+                found = value(found_node.value)
+            except (ValueError, TypeError, SyntaxError, KeyError):
+                return {}
+            if isinstance(found, dict):
+                return {
+                    str(k): [str(x) for x in v] for k, v in found.items() if isinstance(v, list)
+                }
+    return {}
+
+
+def _tox_deps(tree: RepoTree, skipped: list[str]) -> tuple[list[str], str]:
+    cfg = configparser.ConfigParser(interpolation=None, strict=False)
+    try:
+        cfg.read_string(tree.read("tox.ini") or "")
+    except configparser.Error:
+        return [], ""
+    out: list[str] = []
+    for line in cfg.get("testenv", "deps", fallback="").splitlines():
+        line = line.strip()
+        if not line or re.match(r"^[\w,{}.-]+:\s", line):  # a factor's own deps
+            continue
+        m = re.match(r"^-r\s*\{toxinidir\}/(\S+)$|^-r\s*(\S+)$", line)
+        if m:
+            out += requirements_file(tree, m[1] or m[2], skipped)
+        elif (req := requirement_line(line)) is not None:
+            out.append(req)
+    return out, "tox.ini [testenv] deps" if out else ""

@@ -1,0 +1,260 @@
+"""Recipes taken from a repository (tasks.repo_recipes): swebench's `packages: requirements.txt`
+and `environment.yml`, and recipes inferred for repositories nobody described; the spec table
+shipped as data; a spec-less task built and graded for real."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minisandbox.envs.recipe import EnvRecipe, FromRepository
+from minisandbox.evaluation.evaluator import Evaluator
+from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.loaders.swebench_specs import (
+    HARNESS_AS_OF,
+    harness_seed,
+    swebench_spec,
+)
+from minisandbox.tasks.repo_recipes import (
+    RecipeResolveError,
+    RepoTree,
+    infer_python,
+    infer_requirements,
+    resolve,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tree(files: dict[str, str], date: str | None = "2022-06-01T00:00:00Z") -> RepoTree:
+    blobs = {path: len(text.encode()) for path, text in files.items()}
+    return RepoTree(blobs, lambda path: files[path], date)
+
+
+# ---------------------------------------------------------------- requirements files
+
+
+def test_a_requirements_file_is_read_as_the_harness_read_it() -> None:
+    files = {
+        "requirements/dev.txt": (
+            "# pinned by pip-compile\n"
+            "-r tests.txt\n"
+            "-e .\n"
+            ".[test]\n"
+            "--index-url https://example.invalid/simple\n"
+            "-c constraints.txt\n"
+            "Werkzeug==2.0.0  # via flask\n"
+            "sphinx==4.0.0 \\\n"
+            "    ; python_version >= '3.6'\n"
+        ),
+        "requirements/tests.txt": "pytest==6.2.4\n-r ../../outside.txt\n",
+    }
+    recipe = EnvRecipe(
+        python="3.9",
+        requirements=["Werkzeug==2.3.7", "pip==24.2"],
+        from_repository=FromRepository(
+            requirements_files=["requirements-missing.txt", "requirements/dev.txt"]
+        ),
+    )
+    resolved = resolve(recipe, tree(files))
+    assert resolved.resolved and resolved.from_repository is None
+    # The file's lines first (its include inlined); a package the recipe pins is the recipe's.
+    assert resolved.requirements == [
+        "pytest==6.2.4",
+        "sphinx==4.0.0 ; python_version >= '3.6'",
+        "Werkzeug==2.3.7",
+        "pip==24.2",
+    ]
+    assert resolved.inferred == {"requirements": "requirements/dev.txt"}
+    left_out = " | ".join(resolved.skipped)
+    for line in ("-e .", ".[test]", "--index-url", "-c constraints.txt", "../../outside.txt"):
+        assert line in left_out, left_out
+    # The key exists only once resolved.
+    assert resolved.key("3.9.18")
+    with pytest.raises(ValueError, match="resolve"):
+        recipe.key("3.9.18")
+
+
+def test_a_recipe_naming_files_the_repository_lacks_is_an_error() -> None:
+    recipe = EnvRecipe(
+        python="3.9", from_repository=FromRepository(requirements_files=["requirements.txt"])
+    )
+    with pytest.raises(RecipeResolveError, match=r"requirements\.txt"):
+        resolve(recipe, tree({"setup.py": ""}))
+    # A link in the tree is not a file here (RepoTree knows regular files only).
+    with pytest.raises(RecipeResolveError):
+        resolve(recipe, RepoTree({}, lambda p: "pytest\n", None))
+
+
+def test_a_conda_environment_file_becomes_pip_requirements() -> None:
+    files = {
+        "ci/environment.yml": (
+            "name: test\nchannels: [conda-forge]\ndependencies:\n"
+            "  - python=3.10\n  - numpy=1.23\n  - pandas>=1.4\n  - hdf5\n  - pip\n"
+            "  - pip:\n      - pytest-env==0.8.1\n      - -e ..\n"
+        )
+    }
+    recipe = EnvRecipe(
+        python="3.10",
+        from_repository=FromRepository(environment_files=["environment.yml", "ci/environment.yml"]),
+    )
+    resolved = resolve(recipe, tree(files))
+    assert resolved.requirements == ["numpy==1.23.*", "pandas>=1.4", "pytest-env==0.8.1"]
+    assert any("hdf5" in s for s in resolved.skipped)
+
+
+# ---------------------------------------------------------------- inference
+
+
+def test_python_is_the_newest_claimed_that_the_commit_could_use() -> None:
+    setup_py = (
+        "setup(name='x', python_requires='>=3.6',\n"
+        "      classifiers=['Programming Language :: Python :: 3.6',\n"
+        "                   'Programming Language :: Python :: 3.7',\n"
+        "                   'Programming Language :: Python :: 3.8'])\n"
+    )
+    # In mid-2019 3.8 was not out: 3.7. Two years later: 3.8, the newest claimed.
+    assert infer_python(tree({"setup.py": setup_py}, "2019-06-01"))[0] == "3.7"
+    assert infer_python(tree({"setup.py": setup_py}, "2021-06-01"))[0] == "3.8"
+    # python_requires excludes what classifiers claim.
+    narrowed = setup_py.replace(">=3.6", ">=3.6,<3.8")
+    assert infer_python(tree({"setup.py": narrowed}, "2021-06-01"))[0] == "3.7"
+    # tox and CI files count as claims too.
+    tox = "[tox]\nenvlist = py37,py39,docs\n"
+    assert infer_python(tree({"tox.ini": tox}, "2022-01-01"))[0] == "3.9"
+    ci = ".github/workflows/tests.yml"
+    workflow = (
+        "jobs:\n  t:\n    strategy:\n      matrix:\n        python-version: ['3.8', '3.10']\n"
+    )
+    assert infer_python(tree({ci: workflow}, "2022-06-01"))[0] == "3.10"
+    # Nothing claimed: the newest Python out six months before the commit.
+    assert infer_python(tree({}, "2024-01-01"))[0] == "3.11"
+    # Older than every Python known here: the oldest the repository allows.
+    assert infer_python(tree({}, "2014-07-01"))[0] == "3.6"
+    with pytest.raises(RecipeResolveError, match="python"):
+        infer_python(tree({"pyproject.toml": '[project]\nrequires-python = ">=4"\n'}))
+
+
+def test_test_requirements_come_from_the_first_source_found() -> None:
+    extras = "setup(extras_require={'testing': ['hypothesis>=3.56', 'nose'], 'docs': ['x']})\n"
+    reqs, where = infer_requirements(tree({"setup.py": extras}), [])
+    assert reqs == ["hypothesis>=3.56", "nose", "pytest"] and where == "setup.py [testing] + pytest"
+    named = "TESTS = ['pytest>=6', 'mock']\nsetup(extras_require={'test': TESTS})\n"
+    assert infer_requirements(tree({"setup.py": named}), [])[0] == ["pytest>=6", "mock"]
+    cfg = "[options.extras_require]\ntests =\n    pytest-cov\n"
+    assert infer_requirements(tree({"setup.cfg": cfg}), [])[1] == "setup.cfg [tests] + pytest"
+    toml = '[project.optional-dependencies]\ntest = ["pytest==7.1"]\n'
+    assert infer_requirements(tree({"pyproject.toml": toml}), []) == (
+        ["pytest==7.1"],
+        "pyproject.toml [test]",
+    )
+    both = {"setup.py": extras, "requirements-dev.txt": "flake8\n"}
+    assert infer_requirements(tree(both), [])[1] == "requirements-dev.txt + pytest"
+    tox = "[testenv]\ndeps =\n    mock\n    py37: oldthing\n    -r{toxinidir}/req.txt\n"
+    reqs, where = infer_requirements(tree({"tox.ini": tox, "req.txt": "six\n"}), [])
+    assert reqs == ["mock", "six", "pytest"] and where.startswith("tox.ini")
+
+
+def test_an_inferred_recipe_is_dated_and_says_why() -> None:
+    recipe = EnvRecipe(python=None, from_repository=FromRepository(infer=True))
+    resolved = resolve(recipe, tree({"setup.cfg": "[options]\npython_requires = >=3.7\n"}))
+    assert resolved.python == "3.10" and resolved.as_of == "2022-06-01T00:00:00Z"
+    assert set(resolved.inferred) == {"python", "requirements", "as_of"}
+    assert "python_requires '>=3.7'" in resolved.inferred["python"]
+    with pytest.raises(ValueError, match="python"):
+        EnvRecipe(python=None)
+
+
+# ---------------------------------------------------------------- the loader
+
+
+def _record(repo: str, version: str | None, **more: object) -> dict[str, object]:
+    test_patch = "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/tests/test_a.py\n"
+    return {
+        "instance_id": f"{repo.replace('/', '__')}-1",
+        "repo": repo,
+        "base_commit": "a" * 40,
+        "patch": "",
+        "test_patch": test_patch,
+        "FAIL_TO_PASS": json.dumps(["tests/test_a.py::test_one"]),
+        "PASS_TO_PASS": "[]",
+        "version": version,
+        "environment_setup_commit": "b" * 40,
+        **more,
+    }
+
+
+def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> None:
+    path = tmp_path / "records.jsonl"
+    records = [_record("pallets/flask", "2.0"), _record("nobody/described", "1.0")]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    flask, unknown = load_tasks(path)
+    # The spec (shipped data): its requirements file, its pins, the harness's pip and dates.
+    assert flask.env.python == "3.9" and flask.env.as_of == HARNESS_AS_OF
+    assert flask.env.from_repository == FromRepository(requirements_files=["requirements/dev.txt"])
+    assert "pip==24.2" in flask.env.requirements and "setuptools==70.0.0" in flask.env.requirements
+    assert not any(r.startswith("setuptools==75") for r in flask.env.requirements)
+    assert flask.install_as_of is None
+    # No spec, no export: inferred from the repository, installed as of the commit, pytest.
+    assert unknown.env.python is None and unknown.env.from_repository == FromRepository(infer=True)
+    assert unknown.install == ["python -m pip install -e ."]
+    assert unknown.test_cmd == "pytest -rA tests/test_a.py"
+    assert unknown.install_as_of == "commit" and unknown.log_parser == "pytest"
+
+
+def test_the_harness_seed_by_python_version() -> None:
+    assert harness_seed("3.6") == ["pip==21.2.2", "setuptools==58.0.4", "wheel==0.37.1"]
+    assert harness_seed("3.11.7") == ["pip==24.2", "setuptools==75.1.0", "wheel==0.44.0"]
+    assert swebench_spec("sympy/sympy", "1.1") is not None
+    assert swebench_spec("sympy/sympy", None) is None and swebench_spec("no/repo", "1") is None
+
+
+def test_the_shipped_spec_table_is_swebench_4_1_0s() -> None:
+    if importlib.metadata.version("swebench") != "4.1.0":
+        pytest.skip("the table is checked against swebench 4.1.0, which is not installed")
+    script = ROOT / "scripts" / "swebench_specs.py"
+    r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, "the shipped table differs: run scripts/swebench_specs.py"
+
+
+# ---------------------------------------------------------------- built for real
+
+
+def test_a_task_nobody_described_builds_and_grades(settings: BuildSettings, built: list) -> None:
+    """A bundled example with its recipe withheld: Python, requirements and dates inferred
+    from its repository, installed as of its commit; gold resolves and the empty patch does
+    not; what was inferred is in the build result and the environment layer's metadata."""
+    example = load_tasks("examples", instance_ids=["examples__datekit-1"])[0]
+    task = example.model_copy(
+        update={
+            "id": "examples__datekit-inferred",
+            "env": EnvRecipe(python=None, from_repository=FromRepository(infer=True)),
+            "install": ["python -m pip install -e ."],
+            "install_as_of": "commit",
+        }
+    )
+    builder = Builder(settings)
+    result = asyncio.run(builder.build(task))
+    assert result.status == "built", result.error
+    assert result.inferred["python"].startswith("3.11:"), result.inferred
+    assert result.inferred["as_of"].startswith("2024-01-01T00:00:00Z")
+    meta = builder.store.meta(result.env_layer or "") or {}
+    assert meta["recipe"]["inferred"] == result.inferred
+    assert "pytest" in meta["recipe"]["requirements"]
+    evaluator = Evaluator(builder)
+
+    async def both() -> tuple:
+        return await asyncio.gather(
+            evaluator.evaluate(task, task.gold_patch), evaluator.evaluate(task, "")
+        )
+
+    gold, empty = asyncio.run(both())
+    assert gold.resolved, gold.reason
+    assert not empty.resolved and not empty.swebench_resolved
