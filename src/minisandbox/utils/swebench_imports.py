@@ -55,18 +55,20 @@ def repo_parser(repo: str) -> Callable[..., Any] | None:
     fn = swebench_grading().MAP_REPO_TO_PARSER.get(repo)
     if fn is None:
         with contextlib.suppress(ImportError):
-            fn = importlib.import_module(_PARSERS).MAP_REPO_TO_PARSER.get(repo)
+            fn = getattr(importlib.import_module(_PARSERS), "MAP_REPO_TO_PARSER", {}).get(repo)
     return fn
 
 
 def _whole() -> SimpleNamespace:
     grading = importlib.import_module("swebench.harness.grading")
     parsers = importlib.import_module(_PARSERS)
+    python_parsers = importlib.import_module(f"{_PARSERS}.python")
+    table = getattr(parsers, "MAP_REPO_TO_PARSER", None)  # (4.x; 5.x: the Python ones')
     return SimpleNamespace(
         grading=grading,
         constants=importlib.import_module("swebench.harness.constants"),
-        python_parsers=importlib.import_module(f"{_PARSERS}.python"),
-        MAP_REPO_TO_PARSER=parsers.MAP_REPO_TO_PARSER,
+        python_parsers=python_parsers,
+        MAP_REPO_TO_PARSER=table or dict(python_parsers.MAP_REPO_TO_PARSER_PY),
     )
 
 
