@@ -144,6 +144,28 @@ def test_a_faithful_record_raises_nothing(task: Task) -> None:
     assert any("reported as passed" in t for t in got) and any("pytest saw" in t for t in got)
 
 
+def test_old_pytests_instance_nodes_name_the_same_tests(task: Task) -> None:
+    """pytest 3 records a method as "a.py::C::()::test" and reports it as "a.py::C::test" (the
+    log's and the dataset's name): the same test, not one that never ran."""
+    named = task.model_copy(update={"fail_to_pass": ["tests/test_semverkit.py::TestA::test_x"]})
+
+    def run(test_id: str) -> list[str]:
+        tests = [
+            {"e": "test", "id": test_id, "when": w, "exc": None, "kind": None, "outcome": "passed"}
+            for w in ("setup", "call", "teardown")
+        ] + [
+            {"e": "test", "id": t, "when": "call", "exc": None, "kind": None, "outcome": "passed"}
+            for t in named.pass_to_pass
+        ]
+        text = _record({"e": "start"}, *tests, {"e": "end", "exitstatus": 0, "replaced": []})
+        return _run_of(named, text)
+
+    assert run("tests/test_semverkit.py::TestA::()::test_x") == []
+    assert run("tests/test_semverkit.py::TestA::test_x") == []
+    # Another test's record still does not stand for it.
+    assert any("never ran" in t for t in run("tests/test_semverkit.py::TestB::()::test_x"))
+
+
 def test_headers_git_reads_as_we_do() -> None:
     # unquoted names with spaces and no ---/+++ (an empty new file); mnemonic prefixes
     spaced = "diff --git a/my dir/x.py b/my dir/x.py\nnew file mode 100644\n"
