@@ -352,6 +352,38 @@ def _with_env(task: Task, task_id: str, env: EnvRecipe) -> Task:
     return task.model_copy(update={"id": task_id, "env": env, "install": []})
 
 
+def test_an_index_that_does_not_answer_is_retried_and_never_recorded(
+    home: Path,
+    settings: BuildSettings,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The network not answering is not the recipe's failure: the build is tried again after
+    a wait, and when it still fails nothing is recorded (the next build tries again). A recipe
+    that really fails is recorded (test_a_failed_environment_fails_its_other_tasks_at_once)."""
+    from minisandbox.envs import layerbuild
+
+    monkeypatch.setattr(layerbuild, "NETWORK_RETRY_DELAYS", (0.1,))
+    own = _own_store(home, settings, "unreachable")
+    example = load_tasks("examples")[0]
+    # Nothing listens on the build sandbox's own loopback port 9: connection refused.
+    dead = EnvRecipe(
+        python=example.env.python,
+        requirements=["six==1.16.0"],
+        pip_options=["--index-url", "http://127.0.0.1:9/simple"],
+    )
+    task = _with_env(example, "unreachable-1", dead)
+    builder = Builder(own)
+    r1 = asyncio.run(builder.build(task))
+    assert r1.status == "failed" and r1.step == "requirements", r1.error
+    assert layerbuild.unreachable(layerbuild.BuildError("x", r1.step, Path(r1.log or ""), ""))
+    assert builder.store.failure(builder.env_ref(task)) is None
+    retried = [r for r in caplog.records if "the network did not answer" in r.getMessage()]
+    assert len(retried) == 1, [r.getMessage() for r in caplog.records]
+    r2 = asyncio.run(Builder(own).build(task))
+    assert r2.status == "failed" and not r2.recorded_failure, r2.error
+
+
 def test_a_failed_environment_fails_its_other_tasks_at_once(
     home: Path, settings: BuildSettings
 ) -> None:

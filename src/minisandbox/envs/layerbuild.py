@@ -20,7 +20,9 @@ import contextlib
 import fcntl
 import functools
 import hashlib
+import logging
 import os
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -45,6 +47,8 @@ from minisandbox.sandbox.sandbox import Sandbox
 from minisandbox.utils import safefs
 from minisandbox.utils.uv import uv_binary
 
+logger = logging.getLogger(__name__)
+
 
 class BuildError(MiniSandboxError):
     """A build step failed. `step` names it; `log` is the kept log file."""
@@ -53,6 +57,33 @@ class BuildError(MiniSandboxError):
         super().__init__(f"{task_or_env}: step '{step}' failed (log: {log}){tail}")
         self.step, self.log = step, log
         self.tail = tail.removeprefix(":").strip()  # the error's last lines, or its reason
+
+
+# What an installer or git prints when the package index or git host did not answer (a
+# connection that timed out or was refused, a name that did not resolve): not the recipe's
+# failure, so it is retried and never recorded.
+_UNREACHABLE = re.compile(
+    r"error sending request for url|operation timed out|Connection (refused|reset)"
+    r"|Temporary failure in name resolution|Could not resolve host|ConnectTimeoutError"
+    r"|ReadTimeoutError|Max retries exceeded with url|Failed to connect to|Network is unreachable"
+)
+# Attempts of a build that failed because the network did not answer, and the waits between.
+NETWORK_RETRY_DELAYS = (10.0, 60.0)
+
+
+def unreachable(error: BuildError) -> bool:
+    """Whether `error` is the network not answering (its tail, else its log's last 64 KiB);
+    not when the build's egress policy refused a host (that is the recipe's to fix)."""
+    if "the build's network refused" in error.tail:
+        return False
+    if _UNREACHABLE.search(error.tail):
+        return True
+    try:
+        with open(error.log, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - 65536))
+            return bool(_UNREACHABLE.search(f.read().decode("utf-8", errors="replace")))
+    except OSError:
+        return False
 
 
 class RecordedBuildFailure(BuildError):
@@ -249,11 +280,12 @@ class LayerBuilder:
             if force:
                 self._forced.add(ref)
             if record_for is None:
-                return await make()
+                return await _retrying(make)
             try:
-                layer = await make()
+                layer = await _retrying(make)
             except BuildError as e:
-                await asyncio.to_thread(self._record_failure, ref, record_for, e)
+                if not unreachable(e):  # the network's failure is not the recipe's
+                    await asyncio.to_thread(self._record_failure, ref, record_for, e)
                 raise
             await asyncio.to_thread(self.store.clear_failure, ref)
             return layer
@@ -456,6 +488,19 @@ def _collect(upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> 
 
 
 @functools.cache
+async def _retrying(make: Callable[[], Awaitable[str]]) -> str:
+    """`make()`, again after a wait when it failed because the network did not answer."""
+    for delay in NETWORK_RETRY_DELAYS:
+        try:
+            return await make()
+        except BuildError as e:
+            if not unreachable(e):
+                raise
+            logger.warning("%s; the network did not answer: trying again in %.0f s", e, delay)
+            await asyncio.sleep(delay)
+    return await make()
+
+
 def _builder_code(files: tuple[str, ...]) -> str:
     """A digest of the code that builds environments: failures it records name it."""
     digest = hashlib.sha256()
