@@ -44,6 +44,23 @@ _CONNECT = (
 )
 
 
+# As httpbin.org answered old requests' tests: a chunked body read, and keep-alive unless the
+# request asks to close (requests 0.14's test_file_post_data, test_connection_keepalive_and_close).
+_FRONT = (
+    "import http.client, os, sys\n"
+    "host, port = os.environ['HTTPBIN_URL'].split('//')[1].rstrip('/').split(':')\n"
+    "c = http.client.HTTPConnection(host, int(port), timeout=10)\n"
+    "c.request('POST', '/post', body=iter([b'abc', b'def']), encode_chunked=True,\n"
+    "          headers={'Content-Type': 'application/octet-stream'})\n"
+    "r = c.getresponse()\n"
+    "print(r.status, r.getheader('Connection'), r.read().count(b'abcdef'))\n"
+    "c = http.client.HTTPConnection(host, int(port), timeout=10)\n"
+    "c.request('GET', '/get', headers={'Connection': 'close'})\n"
+    "r = c.getresponse()\n"
+    "print(r.status, r.getheader('Connection'))\n"
+)
+
+
 async def test_httpbin_and_tarpit_in_a_task_sandbox(
     settings: BuildSettings, built: list, tmp_path: Path
 ) -> None:
@@ -65,6 +82,9 @@ async def test_httpbin_and_tarpit_in_a_task_sandbox(
             assert json.loads(body)["args"] == {"x": "1"}
             r = await sb.execute(["python", "/tmp/get.py", "digest-auth/auth/u/p"], env=env)
             assert r.stdout.split("\n", 1)[0] == "401"
+            await sb.write_file("/tmp/front.py", _FRONT)
+            r = await sb.execute(["python", "/tmp/front.py"], env=env)
+            assert r.stdout.splitlines() == ["200 keep-alive 1", "200 close"], r
             # Unroutable: the connection hangs until the client gives up, as on a real network.
             assert (await sb.execute(["python", "/tmp/connect.py"])).stdout.strip() == "timeout"
         # Stopped with the block.

@@ -7,6 +7,12 @@ picks (nothing the tests bind can collide with it). Given public host names, als
 <info>.ca.pem). Then publishes "<port> <pid>" atomically: once the file exists every socket
 listens.
 
+httpbin answers as httpbin.org did behind its front end (gunicorn, and a proxy keeping
+connections alive), where the tests of old requests releases were written: a chunked request
+body is read (httpbin refuses it from any server but gunicorn), and a response says
+`Connection: keep-alive` unless the request asked to close (werkzeug's server closes every
+connection; clients reconnect, as they do when a kept-alive connection drops).
+
 argv: info-path files-directory-or-empty public-names...
 """
 
@@ -15,10 +21,27 @@ import ssl
 import sys
 import threading
 
-from werkzeug.serving import make_server
+from werkzeug.serving import WSGIRequestHandler, make_server
 
 if not sys.argv[2]:
-    from httpbin import app
+    from httpbin import app as httpbin_app
+
+    def app(environ, start_response):
+        # werkzeug has de-chunked the body (wsgi.input_terminated): what gunicorn gives httpbin.
+        if environ.get("wsgi.input_terminated"):
+            environ["SERVER_SOFTWARE"] = "gunicorn/19.9.0"
+        return httpbin_app(environ, start_response)
+
+
+class Handler(WSGIRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def send_header(self, keyword, value):
+        if keyword.lower() == "connection" and sys.argv[2] == "":
+            asked = (self.headers.get("Connection") or "").lower()
+            value = "close" if asked == "close" else "keep-alive"
+        super().send_header(keyword, value)
+
 
 info, files, names = sys.argv[1], sys.argv[2], [n for n in sys.argv[3:] if n]
 if files:  # the "web" service: files/<host>/<path>, else 404
@@ -41,7 +64,7 @@ if files:  # the "web" service: files/<host>/<path>, else 404
         return [b"not found"]
 
 
-servers = [make_server("127.0.0.1", 0, app, threaded=True)]
+servers = [make_server("127.0.0.1", 0, app, threaded=True, request_handler=Handler)]
 if names:
     import trustme
 
@@ -49,8 +72,12 @@ if names:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ca.issue_cert(*names).configure_cert(context)
     ca.cert_pem.write_to_path(info + ".ca.pem")
-    servers.append(make_server("127.0.0.1", 80, app, threaded=True))
-    servers.append(make_server("127.0.0.1", 443, app, threaded=True, ssl_context=context))
+    servers.append(make_server("127.0.0.1", 80, app, threaded=True, request_handler=Handler))
+    servers.append(
+        make_server(
+            "127.0.0.1", 443, app, threaded=True, ssl_context=context, request_handler=Handler
+        )
+    )
 for server in servers[1:]:
     threading.Thread(target=server.serve_forever, daemon=True).start()
 with open(info + ".tmp", "w") as f:
