@@ -54,7 +54,9 @@ _FRONT = (
     "          headers={'Content-Type': 'application/octet-stream'})\n"
     "r = c.getresponse()\n"
     "print(r.status, r.getheader('Connection'), r.read().count(b'abcdef'))\n"
-    "c = http.client.HTTPConnection(host, int(port), timeout=10)\n"
+    "c.request('POST', '/status/200', body=b'unread')\n"  # kept alive: the same connection
+    "r = c.getresponse()\n"
+    "print(r.status, r.getheader('Connection'), r.read())\n"
     "c.request('GET', '/get', headers={'Connection': 'close'})\n"
     "r = c.getresponse()\n"
     "print(r.status, r.getheader('Connection'))\n"
@@ -84,7 +86,8 @@ async def test_httpbin_and_tarpit_in_a_task_sandbox(
             assert r.stdout.split("\n", 1)[0] == "401"
             await sb.write_file("/tmp/front.py", _FRONT)
             r = await sb.execute(["python", "/tmp/front.py"], env=env)
-            assert r.stdout.splitlines() == ["200 keep-alive 1", "200 close"], r
+            lines = ["200 keep-alive 1", "200 keep-alive b''", "200 close"]
+            assert r.stdout.splitlines() == lines, r
             # Unroutable: the connection hangs until the client gives up, as on a real network.
             assert (await sb.execute(["python", "/tmp/connect.py"])).stdout.strip() == "timeout"
         # Stopped with the block.

@@ -110,6 +110,55 @@ def test_a_conda_environment_file_becomes_pip_requirements() -> None:
     assert any("hdf5" in s for s in resolved.skipped)
 
 
+def test_what_a_hostile_repository_writes_is_bounded_and_never_crashes() -> None:
+    """A repository's files are input: includes that include each other, options smuggled
+    after a URL, structures where strings belong, an alias bomb, deep nesting."""
+    loop = {"a.txt": "-r b.txt\n" * 6 + "six\n", "b.txt": "-r a.txt\n" * 6 + "-r b.txt\n"}
+    reads: list[str] = []
+    t = tree(loop)
+    counted = RepoTree(t.blobs, lambda p: reads.append(p) or loop[p], t.date)
+    skipped: list[str] = []
+    from minisandbox.tasks.repo_recipes import environment_file, requirements_file
+
+    assert requirements_file(counted, "a.txt", skipped) == ["six"]
+    assert len(reads) <= 4, reads  # each file once
+    hashed = "attrs==21.2.0 --hash=sha256:abc \\\n    --hash=sha256:def\n"
+    url = "https://x.invalid/a.tar.gz#egg=a --index-url https://evil.invalid/simple\n"
+    assert requirements_file(tree({"r.txt": hashed + url}), "r.txt", skipped) == ["attrs==21.2.0"]
+    spaced = "-r" + " " * 30000 + "a b\n"  # (no regular expression backtracks on it)
+    assert requirements_file(tree({"r.txt": spaced}), "r.txt", []) == []
+    yml = "dependencies:\n  - pip: 5\n  - 7\n  - numpy 1.19\n  - pip:\n    - [nested]\n"
+    assert environment_file(yml, []) == ["numpy==1.19.*"]
+    bomb = (
+        "a: &a [x, x, x, x, x, x, x, x, x]\n"
+        + "".join(
+            f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+            for p, c in zip("abcdefg", "bcdefgh", strict=True)
+        )
+        + "dependencies: [*h, *h]\n"
+    )
+    assert environment_file(bomb, []) == []
+    odd = {
+        "pyproject.toml": "[project]\nclassifiers = 5\noptional-dependencies = {test = 3}\n",
+        "setup.py": "x = " + "1+" * 200000 + "1\n",
+        "setup.cfg": "[options\n",
+    }
+    assert resolve(EnvRecipe(python=None, from_repository=FromRepository(infer=True)), tree(odd))
+    with pytest.raises(RecipeResolveError, match="YAML"):
+        environment_file("[" * 100000, [])
+
+
+def test_markers_keep_both_pins_of_one_package() -> None:
+    text = "numpy<1.17; python_version < '3.5'\nnumpy>=1.17; python_version >= '3.5'\nnumpy\n"
+    recipe = EnvRecipe(python="3.9", from_repository=FromRepository(requirements_files=["r.txt"]))
+    got = resolve(recipe, tree({"r.txt": text})).requirements
+    assert got == [
+        "numpy<1.17; python_version < '3.5'",
+        "numpy>=1.17; python_version >= '3.5'",
+        "numpy",
+    ]
+
+
 # ---------------------------------------------------------------- inference
 
 
@@ -134,6 +183,11 @@ def test_python_is_the_newest_claimed_that_the_commit_could_use() -> None:
         "jobs:\n  t:\n    strategy:\n      matrix:\n        python-version: ['3.8', '3.10']\n"
     )
     assert infer_python(tree({ci: workflow}, "2022-06-01"))[0] == "3.10"
+    # A patch release in python_requires allows its minor.
+    patch = setup_py.replace(">=3.6", ">=3.6.1")
+    assert infer_python(tree({"setup.py": patch}, "2018-03-01"))[0] == "3.6"
+    compatible = '[project]\nrequires-python = "~=3.7.2"\n'
+    assert infer_python(tree({"pyproject.toml": compatible}, "2021-01-01"))[0] == "3.7"
     # Nothing claimed: the newest Python out six months before the commit.
     assert infer_python(tree({}, "2024-01-01"))[0] == "3.11"
     # Older than every Python known here: the oldest the repository allows.
@@ -170,6 +224,12 @@ def test_an_inferred_recipe_is_dated_and_says_why() -> None:
     assert "python_requires '>=3.7'" in resolved.inferred["python"]
     with pytest.raises(ValueError, match="python"):
         EnvRecipe(python=None)
+    # A commit older than its Python: resolved as of when that Python had settled.
+    old = resolve(recipe, tree({}, "2014-07-01"))
+    assert old.python == "3.6" and old.as_of == "2017-06-21T00:00:00Z", old.inferred
+    # What the recipe says itself is kept.
+    given = EnvRecipe(python="3.8", from_repository=FromRepository(infer=True))
+    assert resolve(given, tree({})).python == "3.8"
 
 
 # ---------------------------------------------------------------- the loader

@@ -487,7 +487,6 @@ def _collect(upper: Path, path: str, layer_dir: Path, what: str, logs: Path) -> 
         raise BuildError(what, "collect", log, f": {path}: {reason}") from None
 
 
-@functools.cache
 async def _retrying(make: Callable[[], Awaitable[str]]) -> str:
     """`make()`, again after a wait when it failed because the network did not answer."""
     for delay in NETWORK_RETRY_DELAYS:
@@ -501,6 +500,7 @@ async def _retrying(make: Callable[[], Awaitable[str]]) -> str:
     return await make()
 
 
+@functools.cache
 def _builder_code(files: tuple[str, ...]) -> str:
     """A digest of the code that builds environments: failures it records name it."""
     digest = hashlib.sha256()

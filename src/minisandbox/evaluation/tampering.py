@@ -118,6 +118,7 @@ class _Tests:
 
     def find(self, name: str) -> list[list[dict[str, Any]]]:
         """The records of the test swebench names `name` (its parser cuts an id at a space)."""
+        name = name.replace("::()::", "::")
         if name in self.phases:
             return [self.phases[name]]
         return [p for tid, p in self.phases.items() if tid.startswith(name + " ")]

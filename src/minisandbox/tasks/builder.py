@@ -147,7 +147,7 @@ class Builder(LayerBuilder):
     def __init__(self, settings: BuildSettings | None = None) -> None:
         super().__init__(settings)
         self.repos = RepoSources(self.settings)
-        self._resolved: dict[tuple[str, str, str], Task] = {}
+        self._resolved: dict[tuple[str, str, str], Task | BuildError] = {}
 
     # ---------------------------------------------------------------- keys
 
@@ -161,16 +161,29 @@ class Builder(LayerBuilder):
         """
         if task.env.resolved:
             return task
-        key = (
-            task.repo,
-            task.environment_setup_commit or task.base_commit,
-            task.env.model_dump_json(),
-        )
+        commit = task.environment_setup_commit or task.base_commit
+        key = (task.repo, commit, task.env.model_dump_json())
         found = self._resolved.get(key)
         if found is None:
-            found = self.repos.resolve_recipe(task, self.log_dir(f"task/{task.id}"))
+            try:
+                found = self.repos.resolve_recipe(task, self.log_dir(f"task/{task.id}"))
+            except BuildError as e:  # (kept: every later call fails the same, at once)
+                found = e
             self._resolved[key] = found
+        if isinstance(found, BuildError):
+            raise found
         return task.model_copy(update={"env": found.env})
+
+    async def resolving(self, task: Task) -> Task:
+        """`resolved`, with the repository read in a thread (it runs git): the async paths
+        resolve first, so that their later sync calls find it done.
+
+        Raises:
+            BuildError: at step "resolve".
+        """
+        if task.env.resolved:
+            return task
+        return await asyncio.to_thread(self.resolved, task)
 
     def interpreter(self, task: Task) -> Interpreter:
         python = self.resolved(task).env.python
@@ -280,6 +293,7 @@ class Builder(LayerBuilder):
 
         with self.recording() as made:
             try:
+                await self.resolving(task)
                 phase("building env", self.env_ref(task))
                 env = await self._env_layer(task, force)
                 phase("building task", self.task_ref(task, env))
@@ -308,7 +322,7 @@ class Builder(LayerBuilder):
             seconds=time.monotonic() - began,
             relaxed=relaxations(env_meta),
             unresolved=bool(env_meta.get("unresolved")),
-            warnings=host_warnings(task.env),
+            warnings=host_warnings(self.resolved(task).env),
             inferred=self.resolved(task).env.inferred,
         )
 
@@ -505,6 +519,7 @@ class Builder(LayerBuilder):
             UvNotFoundError: a build is needed and there is no uv.
         """
         check_services(task)
+        await self.resolving(task)
         stack = self.built_layers(task)
         if not stack:
             if not build:

@@ -32,7 +32,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from minisandbox.envs.asof import as_of_date
-from minisandbox.envs.recipe import EnvRecipe
+from minisandbox.envs.recipe import EnvRecipe, minor_version
 from minisandbox.errors import MiniSandboxError
 from minisandbox.tasks.loaders.conda_exports import (
     CONDA_TO_PYPI,
@@ -135,34 +135,29 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
     found: list[str] = []
     python = recipe.python
     as_of = recipe.as_of
-    if source.requirements_files:
-        path = tree.first(source.requirements_files)
+    for paths, read, kind in (
+        (source.requirements_files, requirements_file, "requirements"),
+        (source.environment_files, _environment_file_at, "environment"),
+    ):
+        if not paths:
+            continue
+        path = tree.first(paths)
         if path is None:
             raise RecipeResolveError(
-                f"none of the requirements files {', '.join(source.requirements_files)} is in "
-                "the repository at its environment commit"
+                f"none of the {kind} files {', '.join(paths)} is in the repository at its "
+                "environment commit"
             )
-        found += requirements_file(tree, path, skipped)
-        notes["requirements"] = path
-    if source.environment_files:
-        path = tree.first(source.environment_files)
-        if path is None:
-            raise RecipeResolveError(
-                f"none of the environment files {', '.join(source.environment_files)} is in "
-                "the repository at its environment commit"
-            )
-        text = tree.read(path) or ""
-        found += environment_file(text, skipped)
-        notes["requirements"] = path
+        found += read(tree, path, skipped)
+        notes["requirements"] = ", ".join(filter(None, [notes.get("requirements"), path]))
     if source.infer:
-        python, why = infer_python(tree)
-        notes["python"] = f"{python}: {why}"
+        if python is None:
+            python, why = infer_python(tree)
+            notes["python"] = f"{python}: {why}"
         reqs, where = infer_requirements(tree, skipped)
         found += reqs
         notes["requirements"] = where
-        if tree.date:
-            as_of = as_of_date(tree.date)
-            notes["as_of"] = f"{as_of}: the environment commit's date"
+        if tree.date and as_of is None:
+            as_of, notes["as_of"] = _inferred_date(tree.date, python)
     own = {requirement_name(r) for r in recipe.requirements if "://" not in r}
     kept = [r for r in _unique(found) if "://" in r or requirement_name(r) not in own]
     # Validated as any recipe is (model_copy would not: what a repository says is input).
@@ -179,34 +174,67 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
     )
 
 
+def _inferred_date(commit_date: str, python: str) -> tuple[str, str]:
+    """The date an inferred environment resolves as of, and why: the commit's, but not before
+    its Python had settled (packages from before it do not run on it)."""
+    settled = _date(PYTHON_RELEASES.get(minor_version(python), ""))
+    commit = _date(commit_date)
+    if settled is not None and commit is not None and commit < settled + _SETTLED:
+        date = as_of_date((settled + _SETTLED).isoformat())
+        return date, f"{date}: six months after Python {python}, later than the commit"
+    date = as_of_date(commit_date)
+    return date, f"{date}: the environment commit's date"
+
+
+def _environment_file_at(tree: RepoTree, path: str, skipped: list[str]) -> list[str]:
+    return environment_file(tree.read(path) or "", skipped)
+
+
 # ---------------------------------------------------------------- requirements files
 
 
-def requirements_file(tree: RepoTree, path: str, skipped: list[str], depth: int = 0) -> list[str]:
+_MAX_REQUIREMENT_LINES = 5000
+
+
+def requirements_file(
+    tree: RepoTree, path: str, skipped: list[str], seen: set[str] | None = None
+) -> list[str]:
     """The requirement lines of the file at `path`, its `-r` includes inlined (relative to the
-    including file, inside the repository); what cannot be a pip requirement of an environment
-    is noted in `skipped` instead."""
+    including file, inside the repository, each file once, at most _MAX_INCLUDE_DEPTH deep and
+    _MAX_REQUIREMENT_LINES in all); what cannot be a pip requirement of an environment is
+    noted in `skipped` instead."""
+    seen = set() if seen is None else seen
     text = tree.read(path)
     if text is None:
         skipped.append(f"{path}: not in the repository")
         return []
+    seen.add(path)
     here = posixpath.dirname(path)
     out: list[str] = []
-    for line in _logical_lines(text):
-        m = re.match(r"^(-r|--requirement)\s*=?\s*(\S+)$", line)
-        if m:
-            included = posixpath.normpath(posixpath.join(here, m[2]))
-            if depth >= _MAX_INCLUDE_DEPTH or included.startswith("../"):
+    for line in _logical_lines(text)[:_MAX_REQUIREMENT_LINES]:
+        included = _include(line)
+        if included is not None:
+            target = posixpath.normpath(posixpath.join(here, included))
+            if len(seen) > _MAX_INCLUDE_DEPTH * 4 or target.startswith("../") or target in seen:
                 skipped.append(f"{path}: {line}")
             else:
-                out += requirements_file(tree, included, skipped, depth + 1)
+                out += requirements_file(tree, target, skipped, seen)
             continue
         req = requirement_line(line)
         if req is None:
             skipped.append(f"{path}: {line}")
         else:
             out.append(req)
-    return out
+    return out[:_MAX_REQUIREMENT_LINES]
+
+
+def _include(line: str) -> str | None:
+    """The file a `-r FILE` / `--requirement=FILE` line includes (None: not such a line)."""
+    for flag in ("--requirement", "-r"):
+        if line.startswith(flag):
+            rest = line[len(flag) :].lstrip(" \t=")
+            return rest if rest and not any(c.isspace() for c in rest) else None
+    return None
 
 
 def _logical_lines(text: str) -> list[str]:
@@ -228,13 +256,15 @@ def _logical_lines(text: str) -> list[str]:
 def requirement_line(line: str) -> str | None:
     """`line` as one requirement of an environment, or None: the repository itself (`.`,
     `-e .`, `.[test]`), a local path, a constraint or index option, or not a requirement."""
-    line = line.strip()
+    line = re.sub(r"\s--hash[=\s]\S+", "", f" {line.strip()}").strip()  # pip-compile's hashes
     editable = re.match(r"^(-e|--editable)\s+(\S+)$", line)
     if editable:
         line = editable[2]
     if line.startswith(("-", ".", "/")):
         return None
     if re.match(r"^(git\+|hg\+|svn\+|bzr\+)?https?://", line):
+        if any(c.isspace() for c in line):  # one URL, no options after it
+            return None
         return line if "#egg=" in line or "@" in line.split("://", 1)[1] else None
     try:
         Requirement(line)
@@ -249,20 +279,23 @@ def environment_file(text: str, skipped: list[str]) -> list[str]:
     yaml = yaml_module()
     try:
         doc = yaml.safe_load(text)
-    except yaml.YAMLError as e:
+    except (yaml.YAMLError, RecursionError) as e:
         raise RecipeResolveError(f"the environment file is not YAML: {e}") from None
     deps = doc.get("dependencies") if isinstance(doc, dict) else None
     out: list[str] = []
     for dep in deps if isinstance(deps, list) else []:
         if isinstance(dep, dict):
-            for line in dep.get("pip") or []:
-                req = requirement_line(str(line))
+            pip = dep.get("pip")
+            for line in pip if isinstance(pip, list) else []:
+                req = requirement_line(line) if isinstance(line, str) else None
                 if req is None:
-                    skipped.append(f"pip: {line}")
+                    skipped.append(f"pip: {line!r}"[:200])
                 else:
                     out.append(req)
             continue
-        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$", str(dep).strip())
+        if not isinstance(dep, str):  # (an alias of a structure: never expanded)
+            continue
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(.*)$", dep.strip())
         if not m or m[1].lower() in ("python", "pip"):
             continue
         if m[1].lower() in conda_only_packages():
@@ -270,6 +303,8 @@ def environment_file(text: str, skipped: list[str]) -> list[str]:
             continue
         name = CONDA_TO_PYPI.get(m[1].lower(), m[1])
         version = m[2].strip().replace(" ", "")
+        if version and version[0].isdigit():  # "numpy 1.19": conda's "numpy=1.19"
+            version = "=" + version
         if version.startswith("=") and not version.startswith("=="):
             version = "==" + version[1:] + ("" if version.endswith("*") else ".*")
         req = requirement_line(f"{name}{version}")
@@ -282,13 +317,17 @@ def environment_file(text: str, skipped: list[str]) -> list[str]:
 
 def _unique(reqs: list[str]) -> list[str]:
     """The first requirement of each name (a name pinned twice would not resolve)."""
-    seen: set[str | None] = set()
+    seen: set[str] = set()
     out = []
     for r in reqs:
         name = None if "://" in r else requirement_name(r)
-        if name is None or name not in seen:
+        if name is None:
             out.append(r)
-            seen.add(name)
+            continue
+        key = f"{name};{r.partition(';')[2].strip()}"
+        if key not in seen:
+            out.append(r)
+            seen.add(key)
     return out
 
 
@@ -306,7 +345,7 @@ def _metadata(tree: RepoTree) -> tuple[str, configparser.ConfigParser, dict[str,
         cfg = configparser.ConfigParser(interpolation=None)
     try:
         pyproject = tomllib.loads(tree.read("pyproject.toml") or "")
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         pyproject = {}
     return setup_py, cfg, pyproject
 
@@ -321,6 +360,42 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
     Raises:
         RecipeResolveError: no Python version fits.
     """
+    requires, claimed = _python_claims(tree)
+    try:
+        allowed = SpecifierSet(requires or "")
+    except InvalidSpecifier:  # computed in setup.py ('>=' + a variable): not read
+        allowed, requires = SpecifierSet(""), None
+    commit = _date(tree.date)
+
+    def settled(v: str) -> bool:
+        released = _date(PYTHON_RELEASES.get(v))
+        return released is not None and (commit is None or released + _SETTLED <= commit)
+
+    def allows(v: str) -> bool:  # any release of the minor (">=3.6.1" allows 3.6)
+        return any(allowed.contains(f"{v}.{patch}", prereleases=True) for patch in (0, 99))
+
+    fits = [v for v in claimed if settled(v) and allows(v)]
+    note = f"python_requires {requires!r}, " if requires else ""
+    if fits:
+        best = max(fits, key=_minor)
+        return best, f"{note}the newest claimed ({claimed[best]}) out by the commit"
+    fallback = [v for v in PYTHON_RELEASES if settled(v) and allows(v)]
+    if fallback:
+        best = max(fallback, key=_minor)
+        return best, f"{note}no version claimed: the newest out six months before the commit"
+    oldest = [v for v in PYTHON_RELEASES if allows(v)]
+    if oldest:  # a commit older than every Python 3 here: the oldest the repository allows
+        best = min(oldest, key=_minor)
+        return best, f"{note}the commit predates every Python known here: the oldest allowed"
+    raise RecipeResolveError(
+        f"no Python version fits the repository (python_requires {requires!r}, commit "
+        f"{tree.date}): give the recipe a `python`"
+    )
+
+
+def _python_claims(tree: RepoTree) -> tuple[str | None, dict[str, str]]:
+    """The repository's python_requires, and the Python versions it claims, each with where
+    it says so (classifiers, tox's envlist, CI files)."""
     setup_py, cfg, pyproject = _metadata(tree)
     project = pyproject.get("project") if isinstance(pyproject.get("project"), dict) else {}
     assert isinstance(project, dict)
@@ -332,10 +407,6 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
         requires = cfg.get("options", "python_requires")
     elif isinstance(project.get("requires-python"), str):
         requires = project["requires-python"]
-    try:
-        allowed = SpecifierSet(requires or "")
-    except InvalidSpecifier:  # computed in setup.py ('>=' + a variable): not read
-        allowed, requires = SpecifierSet(""), None
     claimed: dict[str, str] = {}
     sources = [
         ("setup.py classifiers", _CLASSIFIER.findall(setup_py)),
@@ -345,7 +416,7 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
         ),
         (
             "pyproject classifiers",
-            _CLASSIFIER.findall(" ".join(map(str, project.get("classifiers") or []))),
+            _CLASSIFIER.findall(" ".join(_strings(project.get("classifiers")))),
         ),
         ("tox.ini", [f"3.{n}" for n in _TOX_ENV.findall(_tox_envlist(tree))]),
         ("CI files", _ci_versions(tree)),
@@ -353,31 +424,12 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
     for where, versions in sources:
         for v in versions:
             claimed.setdefault(v, where)
-    commit = _date(tree.date)
+    return requires, claimed
 
-    def settled(v: str) -> bool:
-        released = PYTHON_RELEASES.get(v)
-        return released is not None and (
-            commit is None or _date(released) + _SETTLED <= commit  # type: ignore[operator]
-        )
 
-    fits = [v for v in claimed if settled(v) and allowed.contains(f"{v}.0", prereleases=True)]
-    note = f"python_requires {requires!r}, " if requires else ""
-    if fits:
-        best = max(fits, key=_minor)
-        return best, f"{note}the newest claimed ({claimed[best]}) out by the commit"
-    fallback = [v for v in PYTHON_RELEASES if settled(v) and allowed.contains(f"{v}.0")]
-    if fallback:
-        best = max(fallback, key=_minor)
-        return best, f"{note}no version claimed: the newest out six months before the commit"
-    oldest = [v for v in PYTHON_RELEASES if allowed.contains(f"{v}.0")]
-    if oldest:  # a commit older than every Python 3 here: the oldest the repository allows
-        best = min(oldest, key=_minor)
-        return best, f"{note}the commit predates every Python known here: the oldest allowed"
-    raise RecipeResolveError(
-        f"no Python version fits the repository (python_requires {requires!r}, commit "
-        f"{tree.date}): give the recipe a `python`"
-    )
+def _strings(value: Any) -> list[str]:
+    """`value` when it is a list of strings (what a file says may be anything)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def _minor(v: str) -> tuple[int, int]:
@@ -436,7 +488,7 @@ def _test_extras(tree: RepoTree) -> tuple[list[str], str]:
     optional = project.get("optional-dependencies") or {}
     for extra in _TEST_EXTRAS:
         if isinstance(optional, dict) and isinstance(optional.get(extra), list):
-            return _valid(optional[extra]), f"pyproject.toml [{extra}]"
+            return _valid(_strings(optional[extra])), f"pyproject.toml [{extra}]"
     if cfg.has_section("options.extras_require"):
         for extra in _TEST_EXTRAS:
             if cfg.has_option("options.extras_require", extra):
@@ -458,7 +510,7 @@ def _setup_py_extras(text: str) -> dict[str, list[str]]:
     literals at module level, lists added together."""
     try:
         module = ast.parse(text)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # (any text a file holds)
         return {}
     names: dict[str, ast.expr] = {}
     for node in module.body:

@@ -200,7 +200,14 @@ class RepoSources:
                 githistory.commit_date(source, commit) or None,
             )
             recipe = resolve(task.env, tree)
-        except (githistory.HistoryError, RecipeResolveError) as e:
+        # (what a repository's files say is input: anything a parser raises is its error)
+        except (
+            githistory.HistoryError,
+            RecipeResolveError,
+            ValueError,
+            TypeError,
+            RecursionError,
+        ) as e:
             log.write_text(f"{e}\n")
             raise BuildError(
                 task.id,

@@ -9,25 +9,50 @@ listens.
 
 httpbin answers as httpbin.org did behind its front end (gunicorn, and a proxy keeping
 connections alive), where the tests of old requests releases were written: a chunked request
-body is read (httpbin refuses it from any server but gunicorn), and a response says
-`Connection: keep-alive` unless the request asked to close (werkzeug's server closes every
-connection; clients reconnect, as they do when a kept-alive connection drops).
+body is read (httpbin refuses it from any server but gunicorn), and connections are kept alive
+unless the request asks to close (werkzeug's server closes every one). For that each request's
+body is read whole before the app runs, so the next request on the connection starts where
+it should, and werkzeug's reading of what follows a response (meant for a closed connection:
+here it would swallow the next request) is off.
 
 argv: info-path files-directory-or-empty public-names...
 """
 
+import io
 import os
 import ssl
 import sys
 import threading
 
-from werkzeug.serving import WSGIRequestHandler, make_server
+import werkzeug.serving
+from werkzeug.serving import DechunkedInput, WSGIRequestHandler, make_server
+
+MAX_BODY = 256 << 20  # a test's request body, read whole
+
+
+class _NothingToDrain:
+    """werkzeug.serving's `selectors` as its post-response drain sees it: nothing readable."""
+
+    class DefaultSelector:
+        def register(self, *args):
+            pass
+
+        def select(self, timeout=None):
+            return []
+
+        def close(self):
+            pass
+
+    EVENT_READ = 1
+
+
+werkzeug.serving.selectors = _NothingToDrain
 
 if not sys.argv[2]:
     from httpbin import app as httpbin_app
 
     def app(environ, start_response):
-        # werkzeug has de-chunked the body (wsgi.input_terminated): what gunicorn gives httpbin.
+        # A chunked body, de-chunked (wsgi.input_terminated): what gunicorn gives httpbin.
         if environ.get("wsgi.input_terminated"):
             environ["SERVER_SOFTWARE"] = "gunicorn/19.9.0"
         return httpbin_app(environ, start_response)
@@ -35,6 +60,19 @@ if not sys.argv[2]:
 
 class Handler(WSGIRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def make_environ(self):
+        environ = super().make_environ()
+        stream = environ["wsgi.input"]
+        if isinstance(stream, DechunkedInput):
+            body = stream.read(MAX_BODY + 1)
+        else:
+            length = environ.get("CONTENT_LENGTH") or "0"
+            body = self.rfile.read(int(length)) if length.isdigit() else b""
+        if len(body) > MAX_BODY:
+            self.close_connection = True
+        environ["wsgi.input"] = io.BytesIO(body[:MAX_BODY])
+        return environ
 
     def send_header(self, keyword, value):
         if keyword.lower() == "connection" and sys.argv[2] == "":
