@@ -178,6 +178,9 @@ def test_python_is_the_newest_claimed_that_the_commit_could_use() -> None:
     # tox and CI files count as claims too.
     tox = "[tox]\nenvlist = py37,py39,docs\n"
     assert infer_python(tree({"tox.ini": tox}, "2022-01-01"))[0] == "3.9"
+    braces = "[tox]\nenvlist = py{36,37,38}-django{22,30}, py3.9\n"
+    assert infer_python(tree({"tox.ini": braces}, "2020-01-01"))[0] == "3.7"
+    assert infer_python(tree({"tox.ini": braces}, "2021-06-01"))[0] == "3.9"
     ci = ".github/workflows/tests.yml"
     workflow = (
         "jobs:\n  t:\n    strategy:\n      matrix:\n        python-version: ['3.8', '3.10']\n"

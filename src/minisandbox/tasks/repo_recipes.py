@@ -85,7 +85,7 @@ _TEST_REQUIREMENT_FILES = (
 )
 _TEST_EXTRAS = ("test", "tests", "testing")
 _CLASSIFIER = re.compile(r"Programming Language :: Python :: (3\.\d+)\b")
-_TOX_ENV = re.compile(r"\bpy3(\d+)\b")
+_TOX_ENV = re.compile(r"\bpy(3\.?\d+)\b")
 _CI_VERSION = re.compile(r"""(?<![\d.])['"]?(3\.\d{1,2})['"]?(?![\d.])""")
 _PYTHON_REQUIRES = re.compile(r"""python_requires\s*=\s*(['"])([^'"]+)\1""")
 
@@ -250,6 +250,8 @@ def _logical_lines(text: str) -> list[str]:
         pending = ""
         if line:
             lines.append(line)
+    if pending.strip():  # a last line that ends in a backslash
+        lines.append(pending.strip())
     return lines
 
 
@@ -418,7 +420,7 @@ def _python_claims(tree: RepoTree) -> tuple[str | None, dict[str, str]]:
             "pyproject classifiers",
             _CLASSIFIER.findall(" ".join(_strings(project.get("classifiers")))),
         ),
-        ("tox.ini", [f"3.{n}" for n in _TOX_ENV.findall(_tox_envlist(tree))]),
+        ("tox.ini", _tox_versions(_tox_envlist(tree))),
         ("CI files", _ci_versions(tree)),
     ]
     for where, versions in sources:
@@ -441,6 +443,18 @@ def _date(value: str | None) -> dt.date | None:
     if not value:
         return None
     return dt.date.fromisoformat(value[:10])
+
+
+def _tox_versions(envlist: str) -> list[str]:
+    """Python versions of a tox envlist: py37, py3.8, py{36,37}-django."""
+    braces = re.findall(r"\bpy\{([\d,\s.]+)\}", envlist)
+    numbers = _TOX_ENV.findall(envlist) + [n for b in braces for n in re.split(r"[,\s]+", b)]
+    out = []
+    for n in numbers:
+        n = n.replace(".", "")
+        if len(n) >= 2 and n.isdigit() and n[0] == "3":
+            out.append(f"3.{n[1:]}")
+    return out
 
 
 def _tox_envlist(tree: RepoTree) -> str:
