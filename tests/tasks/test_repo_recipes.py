@@ -321,3 +321,25 @@ def test_a_task_nobody_described_builds_and_grades(settings: BuildSettings, buil
     gold, empty = asyncio.run(both())
     assert gold.resolved, gold.reason
     assert not empty.resolved and not empty.swebench_resolved
+
+    # The same task as a SWE-bench record of a repository nobody described, through the CLI:
+    # `build --json` says what was inferred (the layers are the ones built above).
+    from conftest import run_cli
+
+    record = {
+        "instance_id": "minisandbox-examples__datekit-9",
+        "repo": example.repo,
+        "base_commit": example.base_commit,
+        "patch": example.gold_patch,
+        "test_patch": example.test_patch,
+        "FAIL_TO_PASS": example.fail_to_pass,
+        "PASS_TO_PASS": example.pass_to_pass,
+    }
+    records = settings.store.parent / "nobody-described.jsonl"
+    records.write_text(json.dumps(record) + "\n")
+    where = ["--store", str(settings.store), "--cache", str(settings.cache)]
+    r = run_cli("build", str(records), "--json", *where, "--git-mirror", str(settings.git_mirror))
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    summary = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    assert summary["cached"] == [record["instance_id"]], summary
+    assert summary["inferred"][record["instance_id"]] == result.inferred

@@ -183,6 +183,8 @@ def _build_summary(
             for r in results
             if r.relaxed
         },
+        # What a recipe took from its repository, and from which file (tasks.repo_recipes).
+        "inferred": {r.task_id: r.inferred for r in results if r.inferred},
     }
     if verdicts is not None:
         invalid = sorted(i for i, v in verdicts.items() if not v.valid)
