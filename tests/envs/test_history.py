@@ -115,6 +115,24 @@ def test_history_that_cannot_be_cut_is_a_clear_error(tmp_path: Path) -> None:
         checkout_past(lacking, ids[-1], tmp_path / "c", PackCache(tmp_path / "packs2"))
 
 
+def test_relative_locations_work_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store or pack cache named relative to the current directory (`--work-dir work`): git
+    runs in the mirror, so a relative path handed to it would name a directory there."""
+    source = tmp_path / "source"
+    ids = linear_repo(source, 6)
+    monkeypatch.chdir(tmp_path)
+    checkout_past(source, ids[-1], tmp_path / "task", PackCache(Path("packs")))
+    assert git(tmp_path / "task", "rev-parse", "HEAD") == ids[-1]
+    assert any(p.suffix == ".pack" for p in (tmp_path / "packs").iterdir())
+    settings = BuildSettings(
+        store=Path("work/store"), cache=Path("work/cache"), git_mirror=Path("m")
+    )
+    assert settings.store == tmp_path / "work/store" and settings.cache.is_absolute()
+    assert settings.git_mirror == tmp_path / "m"
+
+
 def test_built_task_holds_no_future_and_validation_proves_it(tmp_path: Path) -> None:
     """An example task whose mirror holds the fix as a later commit, a branch, a tag and a
     dangling blob: the built task's sandbox holds none of it (checked as an agent's git sees

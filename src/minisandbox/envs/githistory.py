@@ -90,7 +90,9 @@ class PackCache:
     the coarse cut it extends). Files appear by rename; a lock file serialises builders."""
 
     def __init__(self, root: Path, coarse: int = COARSE) -> None:
-        self.root = Path(root)
+        self.root = Path(
+            root
+        ).absolute()  # git runs in the mirror: a relative path names a place there
         self.coarse = coarse
         (self.root / "chains").mkdir(parents=True, exist_ok=True)
         # Packs being written by a build that was killed: an hour is far longer than any.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from minisandbox.sandbox.config import GiB
 
@@ -56,6 +56,12 @@ class BuildSettings(BaseModel):
     """Agents' sandboxes (the integrations, `minisandbox shell --task`, `agent_sandbox`) refuse a
     task without a passing validation (`minisandbox build --validate`;
     $MINISANDBOX_REQUIRE_VALIDATED)."""
+
+    @field_validator("store", "cache", "git_mirror")
+    @classmethod
+    def _absolute(cls, v: Path | None) -> Path | None:
+        # Relative to the directory the settings were made in, not to wherever a step runs.
+        return None if v is None else v.expanduser().absolute()
 
     @property
     def logs(self) -> Path:
