@@ -146,6 +146,24 @@ def test_old_sdists_build_with_the_recipes_setuptools(
     assert asyncio.run(run()) == ["1.0", setuptools]
 
 
+def test_an_environment_dated_before_pep_517_setuptools_builds_sdists(own: BuildSettings) -> None:
+    """An inferred recipe as of 2018 (astropy 2.0's environment commit) with a source-only
+    pin: uv builds it through setuptools' PEP 517 backend (40.8.0, February 2019), which the
+    date alone would exclude ("only setuptools<=40.4.3 is available")."""
+    task = _task("3.6", ["markupsafe==1.0"], "dated-2018")
+    env = task.env.model_copy(update={"as_of": "2018-10-01T00:00:00Z"})
+    task = task.model_copy(update={"env": env})
+    builder = _build(own, task)
+
+    async def run() -> str:
+        async with builder.sandbox(task) as sb:
+            r = await sb.execute("python -c 'import markupsafe, pip; print(pip.__version__)'")
+            assert r.exit_code == 0, r.output
+            return r.stdout.strip()
+
+    assert asyncio.run(run()) == "18.0"  # the seed still as of the date
+
+
 async def test_a_build_sees_the_ca_bundle_the_host_names(
     settings: BuildSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

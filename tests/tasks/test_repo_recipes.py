@@ -179,13 +179,18 @@ def test_python_is_the_newest_claimed_that_the_commit_could_use() -> None:
     tox = "[tox]\nenvlist = py37,py39,docs\n"
     assert infer_python(tree({"tox.ini": tox}, "2022-01-01"))[0] == "3.9"
     braces = "[tox]\nenvlist = py{36,37,38}-django{22,30}, py3.9\n"
-    assert infer_python(tree({"tox.ini": braces}, "2020-01-01"))[0] == "3.7"
+    assert infer_python(tree({"tox.ini": braces}, "2019-09-01"))[0] == "3.7"
     assert infer_python(tree({"tox.ini": braces}, "2021-06-01"))[0] == "3.9"
     ci = ".github/workflows/tests.yml"
     workflow = (
         "jobs:\n  t:\n    strategy:\n      matrix:\n        python-version: ['3.8', '3.10']\n"
     )
     assert infer_python(tree({ci: workflow}, "2022-06-01"))[0] == "3.10"
+    # A claimed version counts once released (flask 2.3's TOML tests need 3.11, then 6 months
+    # old); one released after the commit does not (a CI's "3.11-dev" before 3.11.0).
+    newest = workflow.replace("'3.10'", "'3.11'")
+    assert infer_python(tree({ci: newest}, "2023-04-13"))[0] == "3.11"
+    assert infer_python(tree({ci: newest}, "2022-10-01"))[0] == "3.8"
     # A patch release in python_requires allows its minor.
     patch = setup_py.replace(">=3.6", ">=3.6.1")
     assert infer_python(tree({"setup.py": patch}, "2018-03-01"))[0] == "3.6"
@@ -233,6 +238,10 @@ def test_an_inferred_recipe_is_dated_and_says_why() -> None:
     # What the recipe says itself is kept.
     given = EnvRecipe(python="3.8", from_repository=FromRepository(infer=True))
     assert resolve(given, tree({})).python == "3.8"
+    # A claimed Python out for weeks: as of the commit still (its CI installed that day).
+    ci = {".github/workflows/t.yml": "python-version: ['3.11']\n"}
+    young = resolve(recipe, tree(ci, "2023-04-13"))
+    assert (young.python, young.as_of) == ("3.11", "2023-04-13T00:00:00Z"), young.inferred
 
 
 # ---------------------------------------------------------------- the loader

@@ -21,6 +21,10 @@ from minisandbox.envs.layout import VENV
 AS_OF_FORMAT = 2
 # A month after setuptools 64, the first with PEP 660 editable installs (August 2022).
 EDITABLE_SETUPTOOLS = "2022-09-01T00:00:00Z"
+# uv builds a setup.py-only source distribution through setuptools' PEP 517 backend, which
+# came in 40.8.0 (February 2019): an install dated before then takes setuptools as of a month
+# later, or no such sdist builds at all ("only setuptools<=40.4.3 is available").
+PEP517_SETUPTOOLS = "2019-03-01T00:00:00Z"
 # "pip install", "pip3 install", "python -m pip install", "python3.10 -m pip install" where a
 # command starts; the rest (its arguments) is kept.
 _PIP_INSTALL = re.compile(
@@ -65,12 +69,19 @@ def pip_as_of(command: str, date: str) -> str:
     setuptools is the exception before EDITABLE_SETUPTOOLS: uv installs `-e .` only through a
     backend's PEP 660 hook, which older setuptools lack (pip fell back to `setup.py develop`),
     so setuptools is taken as of that date instead."""
-    date = as_of_date(date)
-    options = f"--exclude-newer {date}"
-    if _moment(date) < _moment(EDITABLE_SETUPTOOLS):
-        options += f" --exclude-newer-package setuptools={EDITABLE_SETUPTOOLS}"
+    options = " ".join(exclude_newer(date, EDITABLE_SETUPTOOLS))
     uv = f"uv pip install --python {VENV}/bin/python {options}"
     return _PIP_INSTALL.sub(lambda m: f"{m[1]}{m[2]}{uv}", command)
+
+
+def exclude_newer(date: str, setuptools_from: str = PEP517_SETUPTOOLS) -> list[str]:
+    """uv's options for an install as of `date`: nothing uploaded later, except setuptools,
+    taken as of `setuptools_from` when that is later (what uv's builds need of it)."""
+    date = as_of_date(date)
+    options = ["--exclude-newer", date]
+    if _moment(date) < _moment(setuptools_from):
+        options += ["--exclude-newer-package", f"setuptools={setuptools_from}"]
+    return options
 
 
 def _moment(value: str) -> datetime:

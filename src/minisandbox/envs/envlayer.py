@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from minisandbox.envs import relax
+from minisandbox.envs.asof import exclude_newer
 from minisandbox.envs.kinds import format_of
 from minisandbox.envs.layerbuild import BuildError, LayerBuild, LayerBuilder
 from minisandbox.envs.layout import VENV
@@ -136,7 +137,7 @@ class _EnvBuild:
     async def _install(self, sb: Sandbox, requirements: list[str], uv_options: list[str]) -> None:
         """Install `requirements` into the venv (the "requirements" step)."""
         await sb.write_file("/tmp/requirements.txt", "\n".join(requirements) + "\n")
-        dated = ["--exclude-newer", self.recipe.as_of] if self.recipe.as_of else []
+        dated = exclude_newer(self.recipe.as_of) if self.recipe.as_of else []
         options = " ".join([*self.recipe.pip_options, *map(shlex.quote, [*dated, *uv_options])])
         # No --compile-bytecode: uv's compiler needs Python >= 3.7 (3.6 has no
         # py_compile.PycInvalidationMode); the interpreter's own compileall (the bytecode

@@ -175,11 +175,12 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
 
 
 def _inferred_date(commit_date: str, python: str) -> tuple[str, str]:
-    """The date an inferred environment resolves as of, and why: the commit's, but not before
-    its Python had settled (packages from before it do not run on it)."""
+    """The date an inferred environment resolves as of, and why: the commit's, but for a
+    commit from before its Python was released, when that Python had settled (packages from
+    before it do not run on it)."""
     settled = _date(PYTHON_RELEASES.get(minor_version(python), ""))
     commit = _date(commit_date)
-    if settled is not None and commit is not None and commit < settled + _SETTLED:
+    if settled is not None and commit is not None and commit < settled:
         date = as_of_date((settled + _SETTLED).isoformat())
         return date, f"{date}: six months after Python {python}, later than the commit"
     date = as_of_date(commit_date)
@@ -356,8 +357,9 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
     """The Python minor version for the repository at its commit, and why.
 
     The newest of the versions the repository says it supports (classifiers) or tests (tox,
-    CI) that its python_requires allows and that had been out for six months at the commit;
-    without any such claim, the newest Python that had been out that long.
+    CI) that its python_requires allows and that was out at the commit (its tests may need
+    it: flask 2.3's TOML tests skip before 3.11); without any such claim, the newest Python
+    that had been out for six months (packages had wheels for it by then).
 
     Raises:
         RecipeResolveError: no Python version fits.
@@ -369,14 +371,18 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
         allowed, requires = SpecifierSet(""), None
     commit = _date(tree.date)
 
-    def settled(v: str) -> bool:
+    def out(v: str, margin: dt.timedelta) -> bool:
         released = _date(PYTHON_RELEASES.get(v))
-        return released is not None and (commit is None or released + _SETTLED <= commit)
+        return released is not None and (commit is None or released + margin <= commit)
+
+    def settled(v: str) -> bool:
+        return out(v, _SETTLED)
 
     def allows(v: str) -> bool:  # any release of the minor (">=3.6.1" allows 3.6)
         return any(allowed.contains(f"{v}.{patch}", prereleases=True) for patch in (0, 99))
 
-    fits = [v for v in claimed if settled(v) and allows(v)]
+    # A claimed version counts once released: the repository's CI installed on it that day.
+    fits = [v for v in claimed if out(v, dt.timedelta(0)) and allows(v)]
     note = f"python_requires {requires!r}, " if requires else ""
     if fits:
         best = max(fits, key=_minor)
