@@ -164,6 +164,30 @@ def test_an_environment_dated_before_pep_517_setuptools_builds_sdists(own: Build
     assert asyncio.run(run()) == "18.0"  # the seed still as of the date
 
 
+def test_a_pip_from_before_pypi_org_reaches_the_index(own: BuildSettings) -> None:
+    """An environment dated 2017 (an inferred recipe of a 2012 commit) is seeded with pip 9,
+    whose default index is pypi.python.org: builds name today's PyPI to every pip (that host
+    does not resolve on every network), and the wheelhouse step reads build requirements
+    without the TOML reader later pips vendor."""
+    task = _task("3.6", [], "pip-9")
+    env = task.env.model_copy(update={"as_of": "2017-06-21T00:00:00Z"})
+    # The repository as of then: a build-system table of 2017's setuptools (pip 9 vendors
+    # no TOML reader: the wheelhouse step reads it by pattern).
+    old_build = "printf '[build-system]\\nrequires = [\"setuptools>=36\"]\\n' > pyproject.toml"
+    install = [old_build, "python -m pip download -q -d /tmp/w six==1.10.0"]
+    task = task.model_copy(update={"env": env, "install": install})
+    builder = _build(own, task)
+
+    async def look() -> tuple[str, str]:
+        async with builder.sandbox(task) as sb:
+            pip = await sb.execute("python -m pip --version")
+            return pip.stdout, (await sb.execute("ls /opt/minisandbox/wheelhouse")).stdout
+
+    pip, wheelhouse = asyncio.run(look())
+    assert pip.startswith("pip 9."), "the control: an old pip"
+    assert "setuptools-" in wheelhouse and "wheel-" in wheelhouse, wheelhouse
+
+
 async def test_a_build_sees_the_ca_bundle_the_host_names(
     settings: BuildSettings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

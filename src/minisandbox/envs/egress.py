@@ -1,11 +1,13 @@
 """What a build sandbox may reach: the package indexes and git hosts a build needs, and the
 ones the user's own pip and uv settings name; nothing else (sandbox/egress.py enforces it).
 
-The allow-list is PyPI (pypi.org, files.pythonhosted.org), GitHub (github.com and its download
-hosts: source archives, release assets, raw files), every host of an index URL in the host's
-pip or uv settings (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL, UV_INDEX_URL, UV_EXTRA_INDEX_URL,
-UV_DEFAULT_INDEX, UV_INDEX, and the index-url / extra-index-url of pip's configuration files),
-and whatever $MINISANDBOX_BUILD_HOSTS adds (names separated by commas or spaces; '.example.org'
+The allow-list is PyPI (pypi.org, files.pythonhosted.org, and pypi.python.org, the index pips
+before 10 use, which redirects to pypi.org; builds name pypi.org to every pip anyway), GitHub
+(github.com and its download hosts: source archives, release assets, raw files), every host of
+an index URL in the host's pip or uv settings (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
+UV_INDEX_URL, UV_EXTRA_INDEX_URL, UV_DEFAULT_INDEX, UV_INDEX, and the index-url /
+extra-index-url of pip's configuration files), and whatever $MINISANDBOX_BUILD_HOSTS adds
+(names separated by commas or spaces; '.example.org'
 allows its subdomains too; 'host:port' allows that port, also on this host's own or private
 addresses, for an index run locally). An index the user's settings name by URL is allowed at
 its host and port, wherever it resolves (the user chose it). If the host reaches the internet
@@ -27,6 +29,7 @@ from minisandbox.sandbox.egress import EgressPolicy
 DEFAULT_HOSTS = (
     "pypi.org",
     "files.pythonhosted.org",
+    "pypi.python.org",  # pip < 10's default index (an environment dated before April 2018)
     "github.com",
     "codeload.github.com",
     ".githubusercontent.com",
@@ -40,6 +43,7 @@ _INDEX_VARS = (
     "UV_INDEX",
 )
 EXTRA_HOSTS_VAR = "MINISANDBOX_BUILD_HOSTS"
+PYPI_SIMPLE = "https://pypi.org/simple/"
 
 
 def _pip_config_files() -> list[Path]:
@@ -52,10 +56,11 @@ def _pip_config_files() -> list[Path]:
     return files
 
 
-def index_urls() -> list[str]:
-    """The index URLs of the host's pip and uv settings (environment and pip's files)."""
+def index_urls(*, main_pip_index: bool = False) -> list[str]:
+    """The index URLs of the host's pip and uv settings (environment and pip's files); with
+    `main_pip_index`, only pip's main index (PIP_INDEX_URL, index-url), not the extra ones."""
     urls: list[str] = []
-    for name in _INDEX_VARS:
+    for name in ("PIP_INDEX_URL",) if main_pip_index else _INDEX_VARS:
         for word in os.environ.get(name, "").split():
             urls.append(word.split("=", 1)[1] if re.match(r"^[\w.-]+=", word) else word)
     for path in _pip_config_files():
@@ -65,7 +70,8 @@ def index_urls() -> list[str]:
         except (OSError, configparser.Error):
             continue
         for section in parser.sections():
-            for key in ("index-url", "extra-index-url", "index_url", "extra_index_url"):
+            keys = ("index-url", "index_url")
+            for key in keys if main_pip_index else (*keys, "extra-index-url", "extra_index_url"):
                 urls += parser.get(section, key, fallback="").split()
     return urls
 
