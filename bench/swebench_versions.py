@@ -46,7 +46,7 @@ digests = {
 verdicts = {}
 for d in req["logs"]:
     for f in sorted(Path(d).glob("*.log")):
-        task = tasks.get(f.name.split(".")[0])
+        task = tasks.get(f.name.removesuffix(".log").rsplit(".", 1)[0])
         if task is not None:
             g = grade(task, f.read_text(errors="replace"))
             verdicts[f"{Path(d).name}/{f.name}"] = [g.resolved, g.swebench_resolved]
@@ -93,7 +93,8 @@ async def main() -> dict[str, Any]:
     }
     with tempfile.TemporaryDirectory(prefix="swebench-other-") as tmp:
         target = Path(tmp) / "site"
-        uv = [str(uv_binary()), "pip", "install", "-q", "--no-deps", "--target", str(target)]
+        uv = [str(uv_binary()), "pip", "install", "-q", "--no-deps", "--python", sys.executable]
+        uv += ["--target", str(target)]
         r = subprocess.run([*uv, args.swebench], capture_output=True, text=True)
         if r.returncode != 0:
             raise SystemExit(f"installing {args.swebench} failed: {r.stderr.strip()}")
@@ -109,11 +110,12 @@ async def main() -> dict[str, Any]:
         "swebench_here": here["swebench"],
         "swebench_other": other["swebench"],
         "datasets": [d.name for d in args.dataset],
-        "tasks": len(here["tasks"]),
-        "tasks_identical": len(here["tasks"]) - len(task_diff),
+        "tasks": len(here["tasks"].keys() | other["tasks"].keys()),
+        "tasks_identical": len(here["tasks"].keys() | other["tasks"].keys()) - len(task_diff),
         "tasks_different": task_diff,
-        "logs_graded": len(here["verdicts"]),
-        "verdicts_identical": len(here["verdicts"]) - len(verdict_diff),
+        "logs_graded": len(here["verdicts"].keys() | other["verdicts"].keys()),
+        "verdicts_identical": len(here["verdicts"].keys() | other["verdicts"].keys())
+        - len(verdict_diff),
         "verdicts_different": {
             k: [here["verdicts"].get(k), other["verdicts"].get(k)] for k in verdict_diff
         },

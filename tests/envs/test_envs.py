@@ -6,11 +6,17 @@ version this machine lacks is skipped."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+import minisandbox
+from minisandbox.envs import egress
 from minisandbox.envs.envlayer import build_constraints
+from minisandbox.envs.layerbuild import _host_build_env
 from minisandbox.envs.recipe import EnvRecipe
 from minisandbox.envs.toolchains import ToolchainNotFoundError, find_interpreter
 from minisandbox.tasks.builder import Builder, BuildSettings
@@ -164,6 +170,67 @@ def test_an_environment_dated_before_pep_517_setuptools_builds_sdists(own: Build
     assert asyncio.run(run()) == "18.0"  # the seed still as of the date
 
 
+_PYPROJECT = """[project]
+name = "x"  # requires = ["not-this"]
+
+[build-system]  # PEP 518
+  requires = [
+    "setuptools>=40.8",  # not "commented-out"
+    'setuptools_scm[toml]>=3.4',
+    "cython",
+  ]
+build-backend = "setuptools.build_meta"
+
+[tool.other]
+requires = ["nor-this"]
+"""
+
+
+@pytest.mark.parametrize("vendored", ["none", "tomli"])
+def test_build_requirements_are_read_with_or_without_a_vendored_toml_reader(
+    tmp_path: Path, vendored: str
+) -> None:
+    """The wheelhouse step's reader (helpers/build_requires.py) under a pip that vendors no
+    TOML reader (pip 9) and under one that does: the same requirements."""
+    fake = tmp_path / "site" / "pip" / "_vendor"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    if vendored == "tomli":
+        (fake / "tomli.py").write_text("from tomllib import loads\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "pyproject.toml").write_text(_PYPROJECT)
+    helper = Path(minisandbox.__file__).parent / "tasks" / "helpers" / "build_requires.py"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    r = subprocess.run(
+        [sys.executable, "-S", str(helper)],  # -S: no site-packages, only the fake pip
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["setuptools>=40.8", "setuptools_scm[toml]>=3.4", "cython", "wheel"]
+
+
+def test_every_pip_of_a_build_is_named_the_hosts_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's pip files are not in the build sandbox (and pips before 10 default to
+    pypi.python.org): PIP_INDEX_URL is always set, to what the host's pip would use."""
+    conf = tmp_path / "pip.conf"
+    monkeypatch.setattr(egress, "_pip_config_files", lambda: [tmp_path / "absent", conf])
+    monkeypatch.delenv("PIP_INDEX_URL", raising=False)
+    assert _host_build_env()["PIP_INDEX_URL"] == "https://pypi.org/simple/"
+    conf.write_text("[install]\nindex-url = https://x.example/simple\n")  # not pip download's
+    assert _host_build_env()["PIP_INDEX_URL"] == "https://pypi.org/simple/"
+    conf.write_text("[global]\nindex-url = https://mirror.example/simple\nextra-index-url = b\n")
+    assert _host_build_env()["PIP_INDEX_URL"] == "https://mirror.example/simple"
+    monkeypatch.setenv("PIP_INDEX_URL", "https://env.example/simple")
+    assert _host_build_env()["PIP_INDEX_URL"] == "https://env.example/simple"
+
+
 def test_a_pip_from_before_pypi_org_reaches_the_index(own: BuildSettings) -> None:
     """An environment dated 2017 (an inferred recipe of a 2012 commit) is seeded with pip 9,
     whose default index is pypi.python.org: builds name today's PyPI to every pip (that host
@@ -173,7 +240,9 @@ def test_a_pip_from_before_pypi_org_reaches_the_index(own: BuildSettings) -> Non
     env = task.env.model_copy(update={"as_of": "2017-06-21T00:00:00Z"})
     # The repository as of then: a build-system table of 2017's setuptools (pip 9 vendors
     # no TOML reader: the wheelhouse step reads it by pattern).
-    old_build = "printf '[build-system]\\nrequires = [\"setuptools>=36\"]\\n' > pyproject.toml"
+    old_build = (
+        'printf \'[build-system]\\nrequires = ["setuptools>=36", "six"]\\n\' > pyproject.toml'
+    )
     install = [old_build, "python -m pip download -q -d /tmp/w six==1.10.0"]
     task = task.model_copy(update={"env": env, "install": install})
     builder = _build(own, task)
@@ -185,7 +254,7 @@ def test_a_pip_from_before_pypi_org_reaches_the_index(own: BuildSettings) -> Non
 
     pip, wheelhouse = asyncio.run(look())
     assert pip.startswith("pip 9."), "the control: an old pip"
-    assert "setuptools-" in wheelhouse and "wheel-" in wheelhouse, wheelhouse
+    assert {"setuptools", "six", "wheel"} <= {f.split("-")[0] for f in wheelhouse.split()}
 
 
 async def test_a_build_sees_the_ca_bundle_the_host_names(

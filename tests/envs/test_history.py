@@ -131,6 +131,14 @@ def test_relative_locations_work_from_any_directory(
     )
     assert settings.store == tmp_path / "work/store" and settings.cache.is_absolute()
     assert settings.git_mirror == tmp_path / "m"
+    monkeypatch.setenv("MINISANDBOX_STORE", "env/store")
+    assert BuildSettings().store == tmp_path / "env/store"
+    # The CLI's options too (`minisandbox build --store work/store`).
+    from minisandbox.cli.app import make_builder
+
+    builder = make_builder(Path("cli/store"), Path("cli/cache"), Path("m"))
+    assert builder.settings.store == tmp_path / "cli/store"
+    assert builder.settings.cache == tmp_path / "cli/cache"
 
 
 def test_built_task_holds_no_future_and_validation_proves_it(tmp_path: Path) -> None:

@@ -242,6 +242,10 @@ def test_an_inferred_recipe_is_dated_and_says_why() -> None:
     ci = {".github/workflows/t.yml": "python-version: ['3.11']\n"}
     young = resolve(recipe, tree(ci, "2023-04-13"))
     assert (young.python, young.as_of) == ("3.11", "2023-04-13T00:00:00Z"), young.inferred
+    # Not claimed, only allowed (and none older is): as of six months after its release.
+    only = {"pyproject.toml": '[project]\nrequires-python = ">=3.12"\n'}
+    allowed = resolve(recipe, tree(only, "2024-01-01"))
+    assert (allowed.python, allowed.as_of) == ("3.12", "2024-03-30T00:00:00Z"), allowed.inferred
 
 
 # ---------------------------------------------------------------- the loader

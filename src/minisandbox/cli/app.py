@@ -231,15 +231,9 @@ def sandbox_config(
 def make_builder(store: Path | None, cache: Path | None, mirror: Path | None) -> Builder:
     from minisandbox.tasks.builder import Builder, BuildSettings
 
-    settings = BuildSettings()
-    updates: dict[str, object] = {}
-    if store is not None:
-        updates["store"] = store
-    if cache is not None:
-        updates["cache"] = cache
-    if mirror is not None:
-        updates["git_mirror"] = mirror
-    settings = settings.model_copy(update=updates)
+    given = {"store": store, "cache": cache, "git_mirror": mirror}
+    # Validated (model_copy would not be): relative paths made absolute here.
+    settings = BuildSettings(**{k: v for k, v in given.items() if v is not None})
     place("store", settings.store.parent, "MINISANDBOX_STORE (--store)")
     place("cache", settings.cache, "MINISANDBOX_CACHE (--cache)")
     return Builder(settings)

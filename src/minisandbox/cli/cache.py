@@ -123,11 +123,8 @@ def cache_du(store: Path = StoreOpt, cache: Path = CacheOpt, json_out: bool = Js
     cache's use of its cap."""
     from minisandbox.tasks.builder import Builder, BuildSettings
 
-    settings = BuildSettings()
-    if store is not None:
-        settings = settings.model_copy(update={"store": store})
-    if cache is not None:
-        settings = settings.model_copy(update={"cache": cache})
+    given = {"store": store, "cache": cache}
+    settings = BuildSettings(**{k: v for k, v in given.items() if v is not None})
     if store is not None:
         _check_store(store)
     builder = Builder(settings)

@@ -7,11 +7,11 @@ before 10 use, which redirects to pypi.org; builds name pypi.org to every pip an
 an index URL in the host's pip or uv settings (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
 UV_INDEX_URL, UV_EXTRA_INDEX_URL, UV_DEFAULT_INDEX, UV_INDEX, and the index-url /
 extra-index-url of pip's configuration files), and whatever $MINISANDBOX_BUILD_HOSTS adds
-(names separated by commas or spaces; '.example.org'
-allows its subdomains too; 'host:port' allows that port, also on this host's own or private
-addresses, for an index run locally). An index the user's settings name by URL is allowed at
-its host and port, wherever it resolves (the user chose it). If the host reaches the internet
-through a proxy (HTTPS_PROXY), the build's proxy goes through it.
+(names separated by commas or spaces; '.example.org' allows its subdomains too; 'host:port'
+allows that port, also on this host's own or private addresses, for an index run locally).
+An index the user's settings name by URL is allowed at its host and port, wherever it resolves
+(the user chose it). If the host reaches the internet through a proxy (HTTPS_PROXY), the build's
+proxy goes through it.
 """
 
 from __future__ import annotations
@@ -49,18 +49,18 @@ PYPI_SIMPLE = "https://pypi.org/simple/"
 def _pip_config_files() -> list[Path]:
     home = Path.home()
     xdg = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config")
-    files = [Path("/etc/pip.conf"), Path("/etc/xdg/pip/pip.conf"), xdg / "pip/pip.conf"]
-    files.append(home / ".pip/pip.conf")
+    # pip's order (a later file wins): global, then user (legacy first), then the named one.
+    files = [Path("/etc/xdg/pip/pip.conf"), Path("/etc/pip.conf"), home / ".pip/pip.conf"]
+    files.append(xdg / "pip/pip.conf")
     if os.environ.get("PIP_CONFIG_FILE"):
         files.append(Path(os.environ["PIP_CONFIG_FILE"]))
     return files
 
 
-def index_urls(*, main_pip_index: bool = False) -> list[str]:
-    """The index URLs of the host's pip and uv settings (environment and pip's files); with
-    `main_pip_index`, only pip's main index (PIP_INDEX_URL, index-url), not the extra ones."""
+def index_urls() -> list[str]:
+    """The index URLs of the host's pip and uv settings (environment and pip's files)."""
     urls: list[str] = []
-    for name in ("PIP_INDEX_URL",) if main_pip_index else _INDEX_VARS:
+    for name in _INDEX_VARS:
         for word in os.environ.get(name, "").split():
             urls.append(word.split("=", 1)[1] if re.match(r"^[\w.-]+=", word) else word)
     for path in _pip_config_files():
@@ -70,10 +70,27 @@ def index_urls(*, main_pip_index: bool = False) -> list[str]:
         except (OSError, configparser.Error):
             continue
         for section in parser.sections():
-            keys = ("index-url", "index_url")
-            for key in keys if main_pip_index else (*keys, "extra-index-url", "extra_index_url"):
+            for key in ("index-url", "extra-index-url", "index_url", "extra_index_url"):
                 urls += parser.get(section, key, fallback="").split()
     return urls
+
+
+def pip_index() -> str:
+    """pip's main index as the host's pip would use it: $PIP_INDEX_URL, else the last
+    `[global] index-url` of its configuration files, else today's PyPI (never pip's own
+    default, which for pips before 10 is pypi.python.org)."""
+    if os.environ.get("PIP_INDEX_URL", "").strip():
+        return os.environ["PIP_INDEX_URL"].strip()
+    found = PYPI_SIMPLE
+    for path in _pip_config_files():  # in pip's order: a later file wins
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path)
+        except (OSError, configparser.Error):
+            continue
+        for key in ("index-url", "index_url"):
+            found = parser.get("global", key, fallback="").strip() or found
+    return found
 
 
 def build_policy() -> EgressPolicy:

@@ -239,7 +239,7 @@ def relaxations(env_meta: dict[str, Any]) -> list[relax.Relaxation]:
 # (every conda export does) was installed with it (pip built setup.py-only sdists in the
 # environment itself), so its builds get that major line: `setuptools<X+1` for a pin `X.*`,
 # at least 40.x, the first with the PEP 517 backend that uv drives such sdists with. A recipe
-# without a pin is left to uv.
+# without a pin is left to uv (as of its date, but never before 40.8.0: asof.exclude_newer).
 _SETUPTOOLS_PIN = re.compile(r"^\s*setuptools\s*===?\s*v?(\d+)(?:[.\s;]|$)", re.IGNORECASE)
 _PEP517_SETUPTOOLS_MAJOR = 40
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from minisandbox.envs import workdirs
-from minisandbox.envs.egress import EXTRA_HOSTS_VAR, PYPI_SIMPLE, build_policy, index_urls
+from minisandbox.envs.egress import EXTRA_HOSTS_VAR, build_policy, pip_index
 from minisandbox.envs.layout import VENV
 from minisandbox.envs.settings import DEFAULT_IO_BUDGET, BuildSettings
 from minisandbox.envs.toolchains import Interpreter, find_interpreter
@@ -130,10 +130,10 @@ def _host_build_env() -> dict[str, str]:
     }
     if host_ca() is not None:  # the host's CA bundle, where the build sandbox has its copy
         env.update(dict.fromkeys(_CA_VARS, BUILD_CA))
-    if not index_urls(main_pip_index=True):
-        # pips before 10 (environments dated before April 2018) default to pypi.python.org,
-        # which not every network resolves: name today's PyPI for every pip.
-        env["PIP_INDEX_URL"] = PYPI_SIMPLE
+    # Always named: pips before 10 (environments dated before April 2018) default to
+    # pypi.python.org, which not every network resolves, and the user's own pip files are
+    # not in the sandbox. (A build step's `pip config set global.index-url` is overridden.)
+    env["PIP_INDEX_URL"] = pip_index()
     return env
 
 

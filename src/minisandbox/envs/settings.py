@@ -28,13 +28,15 @@ class BuildSettings(BaseModel):
     store: Path = Field(
         default_factory=lambda: Path(
             os.environ.get("MINISANDBOX_STORE") or default_home() / "store"
-        )
+        ),
+        validate_default=True,  # $MINISANDBOX_STORE may be relative too
     )
     """The layer store ($MINISANDBOX_STORE): published layers, shareable between machines."""
     cache: Path = Field(
         default_factory=lambda: Path(
             os.environ.get("MINISANDBOX_CACHE") or default_home() / "layers"
-        )
+        ),
+        validate_default=True,
     )
     """This node's cache of unpacked layers ($MINISANDBOX_CACHE)."""
     git_mirror: Path | None = Field(
@@ -42,7 +44,8 @@ class BuildSettings(BaseModel):
             Path(os.environ["MINISANDBOX_GIT_MIRROR"])
             if os.environ.get("MINISANDBOX_GIT_MIRROR")
             else None
-        )
+        ),
+        validate_default=True,
     )
     """A directory of local clones named `<owner>__<name>` ($MINISANDBOX_GIT_MIRROR); when set,
     repositories come only from there."""

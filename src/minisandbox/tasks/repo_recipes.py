@@ -150,14 +150,16 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
         found += read(tree, path, skipped)
         notes["requirements"] = ", ".join(filter(None, [notes.get("requirements"), path]))
     if source.infer:
+        claimed = python is not None  # the recipe's own: as good as a claim
         if python is None:
             python, why = infer_python(tree)
             notes["python"] = f"{python}: {why}"
+            claimed = _CLAIMED in why
         reqs, where = infer_requirements(tree, skipped)
         found += reqs
         notes["requirements"] = where
         if tree.date and as_of is None:
-            as_of, notes["as_of"] = _inferred_date(tree.date, python)
+            as_of, notes["as_of"] = _inferred_date(tree.date, python, claimed)
     own = {requirement_name(r) for r in recipe.requirements if "://" not in r}
     kept = [r for r in _unique(found) if "://" in r or requirement_name(r) not in own]
     # Validated as any recipe is (model_copy would not: what a repository says is input).
@@ -174,15 +176,17 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
     )
 
 
-def _inferred_date(commit_date: str, python: str) -> tuple[str, str]:
-    """The date an inferred environment resolves as of, and why: the commit's, but for a
-    commit from before its Python was released, when that Python had settled (packages from
-    before it do not run on it)."""
+def _inferred_date(commit_date: str, python: str, claimed: bool) -> tuple[str, str]:
+    """The date an inferred environment resolves as of, and why: the commit's, but not before
+    its Python had settled (packages from before it do not run on it): six months after its
+    release, or for a Python the repository claims (its CI installed on it), its release."""
     settled = _date(PYTHON_RELEASES.get(minor_version(python), ""))
     commit = _date(commit_date)
-    if settled is not None and commit is not None and commit < settled:
-        date = as_of_date((settled + _SETTLED).isoformat())
-        return date, f"{date}: six months after Python {python}, later than the commit"
+    margin = dt.timedelta(0) if claimed else _SETTLED
+    if settled is not None and commit is not None and commit < settled + margin:
+        date = as_of_date((settled + margin).isoformat())
+        after = "six months after" if margin else "the release of"
+        return date, f"{date}: {after} Python {python}, later than the commit"
     date = as_of_date(commit_date)
     return date, f"{date}: the environment commit's date"
 
@@ -353,6 +357,9 @@ def _metadata(tree: RepoTree) -> tuple[str, configparser.ConfigParser, dict[str,
     return setup_py, cfg, pyproject
 
 
+_CLAIMED = "the newest claimed"
+
+
 def infer_python(tree: RepoTree) -> tuple[str, str]:
     """The Python minor version for the repository at its commit, and why.
 
@@ -386,7 +393,7 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
     note = f"python_requires {requires!r}, " if requires else ""
     if fits:
         best = max(fits, key=_minor)
-        return best, f"{note}the newest claimed ({claimed[best]}) out by the commit"
+        return best, f"{note}{_CLAIMED} ({claimed[best]}) out by the commit"
     fallback = [v for v in PYTHON_RELEASES if settled(v) and allows(v)]
     if fallback:
         best = max(fallback, key=_minor)
@@ -394,7 +401,7 @@ def infer_python(tree: RepoTree) -> tuple[str, str]:
     oldest = [v for v in PYTHON_RELEASES if allows(v)]
     if oldest:  # a commit older than every Python 3 here: the oldest the repository allows
         best = min(oldest, key=_minor)
-        return best, f"{note}the commit predates every Python known here: the oldest allowed"
+        return best, f"{note}none out six months before the commit: the oldest allowed"
     raise RecipeResolveError(
         f"no Python version fits the repository (python_requires {requires!r}, commit "
         f"{tree.date}): give the recipe a `python`"
