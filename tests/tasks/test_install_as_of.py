@@ -14,7 +14,7 @@ from minisandbox.tasks.specs import Task
 
 def test_pip_installs_are_made_uv_installs_as_of_a_date() -> None:
     date = "2024-01-01T01:00:00+01:00"  # given to uv (and pip) as UTC, whatever the host's zone
-    as_uv = "uv pip install --python /opt/venv/bin/python --exclude-newer 2024-01-01T00:00:00Z"
+    as_uv = "pip_install_as_of"
     assert pip_as_of("python -m pip install -e .", date) == f"{as_uv} -e ."
     assert pip_as_of("pip install -e '.[dev]'", date) == f"{as_uv} -e '.[dev]'"
     assert pip_as_of("python3.10 -m pip install x", date) == f"{as_uv} x"
@@ -28,12 +28,16 @@ def test_pip_installs_are_made_uv_installs_as_of_a_date() -> None:
     for bad in ("yesterday; rm -rf /", "2023-W18-1", "2024-13-01"):
         with pytest.raises(ValueError, match="not an ISO 8601 date"):
             pip_as_of("pip install x", bad)
+    # The function: uv as of the date (UTC), into the environment's venv.
+    preamble = install_env(date)
+    uv = "uv pip install --python /opt/venv/bin/python --exclude-newer 2024-01-01T00:00:00Z"
+    assert f'{uv} "$@"' in preamble and "pip_install_as_of() {" in preamble
     # Before setuptools could build editables as uv builds them, setuptools is taken later.
-    old = pip_as_of("pip install -e .", "2021-01-05")
-    assert old.endswith(" --exclude-newer-package setuptools=2022-09-01T00:00:00Z -e ."), old
+    old = install_env("2021-01-05")
+    assert ' --exclude-newer-package setuptools=2022-09-01T00:00:00Z "$@"' in old, old
     # Installers that are not a plain pip install meet the date through the environment.
-    assert install_env("2024-01-01") == (
-        "export UV_EXCLUDE_NEWER=2024-01-01T00:00:00Z PIP_UPLOADED_PRIOR_TO=2024-01-01T00:00:00Z"
+    assert preamble.startswith(
+        "export UV_EXCLUDE_NEWER=2024-01-01T00:00:00Z PIP_UPLOADED_PRIOR_TO=2024-01-01T00:00:00Z\n"
     )
 
 
@@ -81,3 +85,26 @@ async def test_a_repository_layer_installs_as_of_its_commit_and_records_it(
     async with builder.sandbox(task) as sb:
         r = await sb.execute("python -c 'import tomli; print(tomli.__version__)'")
     assert r.stdout.strip() == "2.0.1", r.output
+
+
+async def test_an_editable_install_without_a_pep_660_backend_falls_back_as_pip_did(
+    settings: BuildSettings,
+) -> None:
+    """pylint 2.15's build-system table pins `setuptools~=62.6`, which has no build_editable
+    hook: uv's isolated editable build fails where pip (the harness's) fell back to
+    `setup.py develop` with the environment's setuptools. Dated installs do the same."""
+    (datekit,) = [t for t in load_tasks("examples") if "datekit" in t.id]
+    pin = "sed -i 's/setuptools>=61/setuptools~=62.6/' pyproject.toml"
+    task = datekit.model_copy(
+        update={
+            "id": "examples__datekit-no-pep660",
+            "install": [pin, "python -m pip install -e ."],
+            "install_as_of": "2023-01-22",
+        }
+    )
+    builder = Builder(settings)
+    result = await builder.build(task)
+    assert result.status in ("built", "cached"), result.error
+    async with builder.sandbox(task) as sb:
+        r = await sb.execute("cd / && python -c 'import datekit; print(datekit.__file__)'")
+    assert r.stdout.strip() == "/testbed/src/datekit/__init__.py", r.output

@@ -18,7 +18,7 @@ from minisandbox.envs.layout import VENV
 
 # Bumped when what an install as of a date resolves changes (the date rule, the rewriting): it
 # is part of the repository layer's key.
-AS_OF_FORMAT = 2
+AS_OF_FORMAT = 3
 # A month after setuptools 64, the first with PEP 660 editable installs (August 2022).
 EDITABLE_SETUPTOOLS = "2022-09-01T00:00:00Z"
 # uv builds a setup.py-only source distribution through setuptools' PEP 517 backend, which
@@ -56,22 +56,42 @@ def as_of_date(value: str) -> str:
         ) from None
 
 
+# What pip installs become: uv, as of the date; and where a build backend lacks PEP 660's
+# build_editable hook (a repository pinning `setuptools~=62.6` in its build-system table, as
+# pylint 2.15 does), what pip did then: the editable install without build isolation, with the
+# environment's own setuptools (pip ran `setup.py develop`), made new enough for the hook.
+_PIP_INSTALL_FUNCTION = """pip_install_as_of() {{
+  local out
+  if out=$({uv} "$@" 2>&1); then printf '%s\\n' "$out"; return 0; fi
+  printf '%s\\n' "$out"
+  case "$out" in *build_editable*) ;; *) return 1 ;; esac
+  echo "+ its build backend has no PEP 660 hook: without build isolation, as pip's fallback did"
+  {uv} 'setuptools>=64' wheel && {uv} --no-build-isolation "$@"
+}}"""
+
+
 def install_env(date: str) -> str:
-    """The shell line that makes any other installer in the install step meet `date`."""
-    date = shlex.quote(as_of_date(date))
-    return f"export UV_EXCLUDE_NEWER={date} PIP_UPLOADED_PRIOR_TO={date}"
+    """The shell lines that come before the install commands: any installer meets `date`
+    through the environment, and pip_as_of's commands find their function."""
+    quoted = shlex.quote(as_of_date(date))
+    options = " ".join(exclude_newer(date, EDITABLE_SETUPTOOLS))
+    uv = f"uv pip install --python {VENV}/bin/python {options}"
+    return (
+        f"export UV_EXCLUDE_NEWER={quoted} PIP_UPLOADED_PRIOR_TO={quoted}\n"
+        + _PIP_INSTALL_FUNCTION.format(uv=uv)
+    )
 
 
 def pip_as_of(command: str, date: str) -> str:
-    """`command` with each pip install made a uv one that ignores packages uploaded after
-    `date` (into the environment's venv); other commands unchanged.
+    """`command` with each pip install made `pip_install_as_of` (install_env's function): a uv
+    install into the environment's venv that ignores packages uploaded after `date`; other
+    commands unchanged.
 
     setuptools is the exception before EDITABLE_SETUPTOOLS: uv installs `-e .` only through a
     backend's PEP 660 hook, which older setuptools lack (pip fell back to `setup.py develop`),
     so setuptools is taken as of that date instead."""
-    options = " ".join(exclude_newer(date, EDITABLE_SETUPTOOLS))
-    uv = f"uv pip install --python {VENV}/bin/python {options}"
-    return _PIP_INSTALL.sub(lambda m: f"{m[1]}{m[2]}{uv}", command)
+    as_of_date(date)  # a bad date is an error here too
+    return _PIP_INSTALL.sub(lambda m: f"{m[1]}{m[2]}pip_install_as_of", command)
 
 
 def exclude_newer(date: str, setuptools_from: str = PEP517_SETUPTOOLS) -> list[str]:
