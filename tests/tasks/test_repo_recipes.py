@@ -219,6 +219,11 @@ def test_test_requirements_come_from_the_first_source_found() -> None:
     )
     both = {"setup.py": extras, "requirements-dev.txt": "flake8\n"}
     assert infer_requirements(tree(both), [])[1] == "requirements-dev.txt + pytest"
+    # A CI's conda environment file (xarray's): its packages, conda-only ones left out.
+    conda = "dependencies:\n  - python=3.8\n  - dask\n  - numpy>=1.17\n  - pip:\n    - pint\n"
+    reqs, where = infer_requirements(tree({"ci/requirements/environment.yml": conda}), [])
+    assert reqs == ["dask", "numpy>=1.17", "pint", "pytest"], reqs
+    assert where == "ci/requirements/environment.yml + pytest"
     tox = "[testenv]\ndeps =\n    mock\n    py37: oldthing\n    -r{toxinidir}/req.txt\n"
     reqs, where = infer_requirements(tree({"tox.ini": tox, "req.txt": "six\n"}), [])
     assert reqs == ["mock", "six", "pytest"] and where.startswith("tox.ini")

@@ -83,6 +83,15 @@ _TEST_REQUIREMENT_FILES = (
     "dev_requirements.txt",
     "requirements/dev.txt",
 )
+# Conda environment files the test CI installs (xarray's tests need dask, listed only there).
+_TEST_ENVIRONMENT_FILES = (
+    "ci/requirements/environment.yml",
+    "ci/requirements/environment-dev.yml",
+    "ci/environment.yml",
+    "environment-dev.yml",
+    "environment_dev.yml",
+    "dev-environment.yml",
+)
 _TEST_EXTRAS = ("test", "tests", "testing")
 _CLASSIFIER = re.compile(r"Programming Language :: Python :: (3\.\d+)\b")
 _TOX_ENV = re.compile(r"\bpy(3\.?\d+)\b")
@@ -493,11 +502,19 @@ def _ci_versions(tree: RepoTree) -> list[str]:
 
 def infer_requirements(tree: RepoTree, skipped: list[str]) -> tuple[list[str], str]:
     """The test requirements of the repository (the package itself is installed by the task's
-    install step): the first test requirements file, else the test extras of its metadata,
-    else tox's deps; pytest always. Returns them and where they came from."""
+    install step): the first test requirements file, else the first conda environment file
+    of its CI, else the test extras of its metadata, else tox's deps; pytest always. Returns
+    them and where they came from.
+
+    Raises:
+        RecipeResolveError: a conda environment file that is not YAML.
+    """
     path = tree.first(_TEST_REQUIREMENT_FILES)
+    conda = tree.first(_TEST_ENVIRONMENT_FILES)
     if path is not None:
         reqs, where = requirements_file(tree, path, skipped), path
+    elif conda is not None:
+        reqs, where = environment_file(tree.read(conda) or "", skipped), conda
     else:
         reqs, where = _test_extras(tree)
         if not reqs:
