@@ -282,7 +282,7 @@ def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> 
     assert flask.env.from_repository == FromRepository(requirements_files=["requirements/dev.txt"])
     assert "pip==24.2" in flask.env.requirements and "setuptools==70.0.0" in flask.env.requirements
     assert not any(r.startswith("setuptools==75") for r in flask.env.requirements)
-    assert flask.install_as_of is None
+    assert flask.install_as_of == HARNESS_AS_OF  # its `pip install -e .` too, as the image had
     # No spec, no export: inferred from the repository, installed as of the commit, pytest.
     assert unknown.env.python is None and unknown.env.from_repository == FromRepository(infer=True)
     assert unknown.install == ["python -m pip install -e ."]

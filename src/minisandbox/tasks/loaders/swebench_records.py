@@ -31,6 +31,7 @@ from minisandbox.tasks.loaders.fields import (
 )
 from minisandbox.tasks.loaders.overrides import apply_recipe_overrides, recipe_overrides
 from minisandbox.tasks.loaders.swebench_specs import (
+    HARNESS_AS_OF,
     recipe_from_spec,
     sandboxable,
     spec_test_cmd,
@@ -77,13 +78,11 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
     version = version_text(record.get("version"))
     eval_script = text(record, "eval_script", where) or None
     spec = swebench_spec(repo, version)
-    recipe = _base_recipe(iid, repo, spec, envs_dir, where)
+    recipe, install_as_of = _base_recipe(iid, repo, spec, envs_dir, where)
     parts = parse_eval_script(eval_script) if eval_script else None
     pre_install, install, recipe = _commands(spec, parts, recipe)
     test_cmd = _test_cmd(spec, parts, repo, test_patch)
     recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
-    # An inferred recipe's repository is installed as of its commit, as its environment is.
-    inferred = recipe.from_repository is not None and recipe.from_repository.infer
     data = {
         "id": iid,
         "repo": repo,
@@ -104,7 +103,7 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
         "version": version,
         "image": text(record, "image", where) or None,
         "environment_setup_commit": text(record, "environment_setup_commit", where) or None,
-        "install_as_of": text(record, "install_as_of", where) or ("commit" if inferred else None),
+        "install_as_of": text(record, "install_as_of", where) or install_as_of,
         "source": source,
         "services": services,
     }
@@ -113,15 +112,19 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
 
 def _base_recipe(
     iid: str, repo: str, spec: dict[str, Any] | None, envs_dir: Path | None, where: Where
-) -> EnvRecipe:
+) -> tuple[EnvRecipe, str | None]:
     """The instance's conda export when envs_dir has it, else the spec's recipe, else one
-    inferred from the repository (by the builder, at the environment commit)."""
+    inferred from the repository (by the builder, at the environment commit); and the date
+    the repository's install resolves as of. An export pins the whole environment: none. The
+    spec's: when the harness built its images, as its environment (its `pip install -e .`
+    got the dependencies of then: sphinx 3.x imports docutils' `roman`, gone in 0.22). An
+    inferred one: the commit's, as its environment."""
     env_file = envs_dir / f"{iid}.yml" if envs_dir is not None else None
     if env_file is not None and env_file.is_file():
-        return conda_env_to_recipe(env_file)
+        return conda_env_to_recipe(env_file), None
     if spec is not None:
-        return recipe_from_spec(spec, repo, where)
-    return EnvRecipe(python=None, from_repository=FromRepository(infer=True))
+        return recipe_from_spec(spec, repo, where), HARNESS_AS_OF
+    return EnvRecipe(python=None, from_repository=FromRepository(infer=True)), "commit"
 
 
 def _commands(
