@@ -6,6 +6,12 @@ A task run again in a later run (after a fix) counts with its latest result (by 
 run finished, `host.finished`).
 
     python bench/fidelity_summary.py [bench/results/fidelity-*.json ...]
+    python bench/fidelity_summary.py bench/results/lite/spec-*.json \
+        --versus bench/results/lite/infer-*.json
+
+With `--versus`, the two sets side by side (e.g. the same instances with their spec and with
+their recipe inferred): per repository both summaries' counts, and the instances whose gold
+verdict differs.
 """
 
 from __future__ import annotations
@@ -56,7 +62,48 @@ def summarize(files: list[Path]) -> dict[str, Any]:
     }
 
 
+def versus(a: list[Path], b: list[Path]) -> dict[str, Any]:
+    """Two sets of runs side by side: per repository (instances, gold and empty resolved of
+    each), and the instances whose gold is resolved in one only."""
+    left, right = summarize(a), summarize(b)
+    repos = {}
+    for repo in sorted(left["by_repo"].keys() | right["by_repo"].keys()):
+        la, rb = left["by_repo"].get(repo, {}), right["by_repo"].get(repo, {})
+        repos[repo] = {
+            "instances": [la.get("instances", 0), rb.get("instances", 0)],
+            "gold_resolved": [la.get("gold_resolved", 0), rb.get("gold_resolved", 0)],
+            "empty_resolved": [la.get("empty_resolved", 0), rb.get("empty_resolved", 0)],
+        }
+    gold_a, gold_b = _gold(a), _gold(b)
+    return {
+        "columns": ["first", "versus"],
+        "instances": [left["instances"], right["instances"]],
+        "gold_resolved": [left["gold_resolved"], right["gold_resolved"]],
+        "empty_resolved": [left["empty_resolved"], right["empty_resolved"]],
+        "swebench_agrees": [left["swebench_agrees"], right["swebench_agrees"]],
+        "by_repo": repos,
+        "resolved_in_first_only": sorted(k for k, v in gold_a.items() if v and not gold_b.get(k)),
+        "resolved_in_versus_only": sorted(k for k, v in gold_b.items() if v and not gold_a.get(k)),
+        "files": [left["files"], right["files"]],
+    }
+
+
+def _gold(files: list[Path]) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for p in files:
+        for tid, r in json.loads(p.read_text())["per_instance"].items():
+            out[tid] = bool(r.get("gold", {}).get("resolved"))
+    return out
+
+
 if __name__ == "__main__":
-    args = [Path(a) for a in sys.argv[1:]]
-    files = args or sorted((Path(__file__).parent / "results").glob("fidelity-*.json"))
+    args = sys.argv[1:]
+    if "--versus" in args:
+        i = args.index("--versus")
+        first, second = [Path(x) for x in args[:i]], [Path(x) for x in args[i + 1 :]]
+        print(json.dumps(versus(first, second), indent=1))
+        raise SystemExit(0)
+    files = [Path(a) for a in args] or sorted(
+        (Path(__file__).parent / "results").glob("fidelity-*.json")
+    )
     print(json.dumps(summarize(files), indent=1))

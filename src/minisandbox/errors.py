@@ -113,6 +113,12 @@ class AgentEnvironmentError(MiniSandboxError):
     no task to evaluate) or could not read the agent's changes."""
 
 
+class TaskNotBoundError(AgentEnvironmentError):
+    """An agent's environment has no task (a config that names only the environment class):
+    it would work on an empty sandbox. Raised before the agent's first step, naming the config
+    line to add."""
+
+
 class NodeLostError(MiniSandboxError):
     """The cluster node holding a sandbox was lost (removed, crashed, or its agent died): the
     sandbox and what ran in it are gone."""

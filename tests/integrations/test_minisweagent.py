@@ -21,6 +21,7 @@ from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.environments import get_environment  # noqa: E402
 from minisweagent.models.test_models import DeterministicModel  # noqa: E402
 
+from minisandbox.errors import TaskNotBoundError  # noqa: E402
 from minisandbox.integrations.minisweagent import MiniSandboxEnvironment  # noqa: E402
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.tasks.loaders import load_tasks  # noqa: E402
@@ -169,8 +170,23 @@ def test_v1_agent_applies_gold_patch_and_submits_reward_1(builder: Builder) -> N
 
 
 @v2_only
-def test_plain_sandbox_without_task() -> None:
+def test_an_environment_without_a_task_is_an_error_naming_the_fix() -> None:
+    """Only `environment_class` set (how users switch to docker): no silent empty sandbox."""
     env = get_environment({"environment_class": ENV_CLASS})
+    try:
+        with pytest.raises(TaskNotBoundError, match="env_startup_command"):
+            env.get_template_vars()
+        with pytest.raises(TaskNotBoundError, match=r"environment\.task"):
+            env.execute({"command": "ls"})
+        with pytest.raises(TaskNotBoundError):
+            env.execute("ls")  # the 1.x protocol too
+    finally:
+        env.cleanup()
+
+
+@v2_only
+def test_plain_sandbox_without_task() -> None:
+    env = get_environment({"environment_class": ENV_CLASS, "plain": True})
     try:
         assert isinstance(env, MiniSandboxEnvironment)
         r = env.execute({"command": "ls -A /testbed | wc -l; touch /testbed/f && echo ok"})
@@ -222,3 +238,28 @@ def test_swebench_batch_runner(use_settings: None, tmp_path: Path) -> None:
         assert env.evaluate(patch).reward == 1.0
     finally:
         env.cleanup()
+
+
+@v2_only
+def test_swebench_batch_runner_without_the_directive_fails_before_any_model_call(
+    use_settings: None, tmp_path: Path
+) -> None:
+    from minisweagent.run.benchmarks import swebench
+    from minisweagent.run.benchmarks.utils.batch_progress import RunBatchProgressManager
+
+    config = {
+        "agent": AGENT,
+        "environment": {"environment_class": ENV_CLASS},
+        "model": {
+            "model_class": "deterministic",
+            "model_name": "deterministic",
+            "outputs": turns("ls", SUBMIT),
+        },
+    }
+    instance = {"instance_id": TASK, "problem_statement": "fix semverkit"}
+    progress = RunBatchProgressManager(1, tmp_path / "exit_statuses.yaml")
+    swebench.process_instance(instance, tmp_path, config, progress)
+    traj = json.loads((tmp_path / TASK / f"{TASK}.traj.json").read_text())
+    assert traj["info"]["exit_status"] == "TaskNotBoundError", traj["info"]
+    assert "env_startup_command" in json.dumps(traj["info"])  # the line to add
+    assert traj["info"]["model_stats"]["api_calls"] == 0

@@ -2,7 +2,7 @@
 
     environment:
       environment_class: minisandbox.integrations.minisweagent.MiniSandboxEnvironment
-      task: examples__semverkit-1        # or an official SWE-bench image name; none = plain sandbox
+      task: examples__semverkit-1        # or an official SWE-bench image name
       dataset: examples
 
 Both protocols are served, told apart by the argument of each call: mini-swe-agent 2.x passes
@@ -27,7 +27,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from minisandbox.errors import AgentEnvironmentError, CommandTimeoutError, NodeLostError
+from minisandbox.errors import (
+    AgentEnvironmentError,
+    CommandTimeoutError,
+    NodeLostError,
+    TaskNotBoundError,
+)
 from minisandbox.evaluation.evaluator import EvalResult
 from minisandbox.integrations.tasks import (
     DEFAULT_DATASET,
@@ -58,7 +63,12 @@ class MiniSandboxEnvironmentConfig(BaseModel):
     so a docker config can be reused by changing only `environment_class`)."""
 
     task: str | None = None
-    """A task id of `dataset` or an official SWE-bench image name; None: a plain sandbox."""
+    """A task id of `dataset` or an official SWE-bench image name (or bound later by the
+    `#minisandbox-task` directive); without one the environment refuses to run, unless
+    `plain`."""
+    plain: bool = False
+    """Allow a plain sandbox without a task (the host's system and Python, an empty writable
+    /testbed): otherwise a missing task is an error before the agent's first step."""
     dataset: str = DEFAULT_DATASET
     """`examples`, a task/records file, or a Hugging Face dataset name (see `load_tasks`)."""
     image: str | None = None
@@ -137,6 +147,7 @@ class MiniSandboxEnvironment:
         if ts.running:
             return
         if ts.task is None:
+            self._require_task()
             self.logger.info("minisandbox: no task bound, a plain sandbox with an empty /testbed")
         sb = run_sync(ts.start())
         # A docker config's BASH_ENV names the image's ~/.bashrc (conda activation); a task
@@ -163,6 +174,21 @@ class MiniSandboxEnvironment:
             asyncio.run_coroutine_threadsafe(ts.stop(), background_loop())
         except Exception:
             pass
+
+    def _require_task(self) -> None:
+        """Refuse to run without a task, unless `plain`.
+
+        Raises:
+            TaskNotBoundError: no task is bound and `plain` is not set.
+        """
+        if self.config.plain or (self._ts is not None and self._ts.task is not None):
+            return
+        raise TaskNotBoundError(
+            "MiniSandboxEnvironment has no task, so the agent would work on an empty sandbox: "
+            "set `environment.task: <task id>` for one task; for `mini-extra swebench` add "
+            '`run.env_startup_command: "#minisandbox-task {{instance_id}}"` (and '
+            "`environment.dataset`); `environment.plain: true` asks for a plain sandbox"
+        )
 
     # ------------------------------------------------------------------ commands
 
@@ -224,8 +250,8 @@ class MiniSandboxEnvironment:
                 return out | {"exception_info": ""}
             output, code = self._run(command, cwd, timeout)
             result: dict[str, Any] = {"output": output, "returncode": code, "exception_info": ""}
-        except NodeLostError:
-            raise  # the sandbox is gone with its node: the episode ends, with that error
+        except (NodeLostError, TaskNotBoundError):
+            raise  # the sandbox is gone with its node, or there is none: the episode ends
         except Exception as e:
             # As mini-swe-agent's own environments: the model sees the failure and goes on.
             result = {
@@ -270,6 +296,12 @@ class MiniSandboxEnvironment:
     # ------------------------------------------------------------------ mini-swe-agent
 
     def get_template_vars(self, **kwargs: Any) -> dict[str, Any]:
+        """The config, `platform.uname()` and `kwargs`, merged (as the docker environment's).
+
+        Raises:
+            TaskNotBoundError: no task (agents ask for these before their first model call).
+        """
+        self._require_task()
         merge: Callable[..., dict[str, Any]]
         try:
             from minisweagent.utils.serialize import recursive_merge as merge
