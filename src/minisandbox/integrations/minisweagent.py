@@ -16,6 +16,7 @@ comment, harmless elsewhere), e.g. `run.env_startup_command: "#minisandbox-task 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import platform
@@ -25,7 +26,8 @@ import sys
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import ConfigDict
+from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from minisandbox.errors import (
     AgentEnvironmentError,
@@ -58,9 +60,11 @@ def submission(output: str, returncode: int) -> str | None:
     return None
 
 
-class MiniSandboxEnvironmentConfig(BaseModel):
+@pydantic_dataclass(config=ConfigDict(extra="ignore"))
+class MiniSandboxEnvironmentConfig:
     """Settings of `MiniSandboxEnvironment` (unknown keys, e.g. docker's `run_args`, are ignored
-    so a docker config can be reused by changing only `environment_class`)."""
+    so a docker config can be reused by changing only `environment_class`). A dataclass, as
+    mini-swe-agent's own configs are: 1.x saves trajectories with `dataclasses.asdict`."""
 
     task: str | None = None
     """A task id of `dataset` or an official SWE-bench image name (or bound later by the
@@ -76,12 +80,12 @@ class MiniSandboxEnvironmentConfig(BaseModel):
     envs_dir: str | None = None
     """SWE-bench conda exports (default $MINISANDBOX_ENVS_DIR)."""
     cwd: str = "/testbed"
-    env: dict[str, str] = {}
-    forward_env: list[str] = []
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    forward_env: list[str] = dataclasses.field(default_factory=list)
     """Host variables copied into each command when set (as docker's `forward_env`)."""
     timeout: int = 30
-    interpreter: list[str] = ["bash", "-c"]
-    sandbox: dict[str, Any] = {}
+    interpreter: list[str] = dataclasses.field(default_factory=lambda: ["bash", "-c"])
+    sandbox: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Sandbox settings (`SandboxConfig` fields such as `network`), passed through."""
     grade: Literal["submission", "diff"] = "submission"
     """What `evaluate()` scores: "submission" (what the agent submitted, as SWE-bench's
@@ -309,7 +313,7 @@ class MiniSandboxEnvironment:
             merge = _merge
         # The task is `task_id` here: agents pass the problem statement as `task`, and 1.x
         # renders with both as keyword arguments (a duplicate is an error).
-        config = self.config.model_dump()
+        config = dataclasses.asdict(self.config)
         config["task_id"] = config.pop("task")
         return merge(config, platform.uname()._asdict(), kwargs)
 
@@ -317,7 +321,7 @@ class MiniSandboxEnvironment:
         return {
             "info": {
                 "config": {
-                    "environment": self.config.model_dump(mode="json"),
+                    "environment": dataclasses.asdict(self.config),
                     "environment_type": f"{type(self).__module__}.{type(self).__name__}",
                 }
             }
