@@ -288,6 +288,14 @@ def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> 
     assert unknown.install == ["python -m pip install -e ."]
     assert unknown.test_cmd == "pytest -rA tests/test_a.py"
     assert unknown.install_as_of == "commit" and unknown.log_parser == "pytest"
+    # A record whose eval script runs tox (sphinx's): tox and its plugin, on the env's Python.
+    script = "#!/bin/bash\n: '>>>>> Start Test Output'\ntox --current-env -epy39 -v -- tests/a.py\n"
+    script += ": '>>>>> End Test Output'\n"
+    tox = _record("nobody/described", "1.0", instance_id="nobody__described-2", eval_script=script)
+    path.write_text(json.dumps(tox) + "\n")
+    (task,) = load_tasks(path)
+    assert task.env.python == "3.9" and "py39" in task.env.inferred["python"]
+    assert task.env.requirements[-2:] == ["tox", "tox-current-env"]
 
 
 def test_the_harness_seed_by_python_version() -> None:

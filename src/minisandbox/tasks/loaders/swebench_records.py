@@ -14,6 +14,7 @@ the same task (its keys depend on it); docs/task-format.md describes each rule.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,8 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
     parts = parse_eval_script(eval_script) if eval_script else None
     pre_install, install, recipe = _commands(spec, parts, recipe)
     test_cmd = _test_cmd(spec, parts, repo, test_patch)
+    if recipe.from_repository is not None and recipe.from_repository.infer:
+        recipe = _runner_recipe(recipe, test_cmd)
     recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
     data = {
         "id": iid,
@@ -160,6 +163,26 @@ def _test_cmd(
     if spec is not None and spec.get("test_cmd"):
         return spec_test_cmd(spec, repo, test_patch)
     return spec_test_cmd(_DEFAULT_TEST_CMD, repo, test_patch)
+
+
+_TOX = re.compile(r"(?:^|[\s;&|])tox\b")
+_TOX_ENV = re.compile(r"\s-e\s*py(\d)(\d+)\b")
+
+
+def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
+    """An inferred recipe with what the record's test command runs that the repository's own
+    requirements may not list: tox (and tox-current-env for `--current-env`), on the Python
+    of the tox environment it names (`-epy39`: tox-current-env refuses another)."""
+    if not _TOX.search(test_cmd):
+        return recipe
+    extra = ["tox", *(["tox-current-env"] if "--current-env" in test_cmd else [])]
+    update: dict[str, Any] = {"requirements": [*recipe.requirements, *extra]}
+    env = _TOX_ENV.search(test_cmd)
+    if recipe.python is None and env is not None:
+        update["python"] = f"{env[1]}.{env[2]}"
+        why = f"the tox environment the test command names (py{env[1]}{env[2]})"
+        update["inferred"] = {**recipe.inferred, "python": f"{update['python']}: {why}"}
+    return recipe.model_copy(update=update)
 
 
 def _log_parser(record: dict[str, Any], repo: str, where: Where) -> str:
