@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 pytest.importorskip(
-    "swerex", reason="SWE-ReX is not installed (pip install 'swe-minisandbox[swerex]')"
+    "swerex", reason="SWE-ReX is not installed (the `swerex` extra: pip install -e '.[swerex]')"
 )
 # Before SWE-agent loads: its modules bind the deployment union on import.
 from minisandbox.integrations.sweagent import register

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip(
-    "swerex", reason="SWE-ReX is not installed (pip install 'swe-minisandbox[swerex]')"
+    "swerex", reason="SWE-ReX is not installed (the `swerex` extra: pip install -e '.[swerex]')"
 )
 
 from swerex.exceptions import (

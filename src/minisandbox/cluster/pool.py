@@ -56,7 +56,8 @@ try:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 except ImportError as e:  # pragma: no cover - the `ray` extra is in `dev`
     raise ImportError(
-        f"minisandbox.cluster needs Ray ({e}): pip install 'swe-minisandbox[ray]'"
+        f"minisandbox.cluster needs Ray ({e}): install the `ray` extra (in a checkout of "
+        "swe-minisandbox: pip install -e '.[ray]')"
     ) from None
 
 T = TypeVar("T")

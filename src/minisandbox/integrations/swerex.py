@@ -33,7 +33,7 @@ try:
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"minisandbox.integrations.swerex needs SWE-ReX ({e}): "
-        "pip install 'swe-minisandbox[swerex]'"
+        "install the `swerex` extra (in a checkout of swe-minisandbox: pip install -e '.[swerex]')"
     ) from e
 
 from minisandbox import errors

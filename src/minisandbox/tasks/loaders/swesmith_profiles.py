@@ -32,7 +32,8 @@ _CONDA_ACTIVATION = re.compile(
 )
 _MISSING = (
     "SWE-smith records without an `environment` use SWE-smith's repository profiles, which "
-    "need the `swesmith` package: pip install 'swe-minisandbox[swesmith]' (or give each record "
+    "need the `swesmith` package: install the `swesmith` extra (in a checkout of "
+    "swe-minisandbox: pip install -e '.[swesmith]'; or give each record "
     "an `environment`, or put <owner__repo.commit>.yml exports in --envs-dir)"
 )
 
