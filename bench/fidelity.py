@@ -5,9 +5,11 @@ fresh sandbox with the network off: with the dataset's gold patch and with an em
 gold run that is not resolved, or an empty run that is, is a failure of our reproduction of the
 official harness (environment, services, grading), never of the task.
 
-`--infer` withholds what describes the instances' environments (their conda exports and their
-`version`, so no swebench spec applies): every recipe is inferred from its repository
-(tasks.repo_recipes), as for a repository nobody described.
+`--infer` withholds what describes the instances' environments: their conda exports, and the
+spec of their version (each version gets a local label, "2.0+nospec", which the spec table does
+not have, as a release nobody described): every recipe is inferred from its repository
+(tasks.repo_recipes). Our own per-version overrides (test services: httpbin for requests < 2.9)
+still apply, as they would to a new release of a repository they name.
 
     python bench/fidelity.py --dataset verified.parquet --envs-dir DIR --git-mirror DIR
                              [--repos psf/requests pytest-dev/pytest pallets/flask]
@@ -44,10 +46,12 @@ def select(args: argparse.Namespace) -> list[Task]:
         ]
     if not ids:
         raise SystemExit(f"no task of {', '.join(args.repos)} in {args.dataset}")
-    if args.infer:  # the records without their version, and no exports
+    if args.infer:  # no exports, and versions no spec has ("2.0+nospec"): every recipe inferred
         wanted = set(ids)
         rows = [
-            {**r, "version": None} for r in _all_columns(args.dataset) if r["instance_id"] in wanted
+            {**r, "version": f"{r['version']}+nospec" if r.get("version") else None}
+            for r in _all_columns(args.dataset)
+            if r["instance_id"] in wanted
         ]
         withheld = args.work_dir.expanduser() / "records-without-version.jsonl"
         withheld.parent.mkdir(parents=True, exist_ok=True)
