@@ -13,8 +13,11 @@ still apply, as they would to a new release of a repository they name.
 
     python bench/fidelity.py --dataset verified.parquet --envs-dir DIR --git-mirror DIR
                              [--repos psf/requests pytest-dev/pytest pallets/flask]
-                             [--instance-ids ID ...] [--jobs 2] [--infer]
+                             [--instance-ids ID ...] [--jobs 2] [--infer] [--done-only]
                              [--work-dir DIR | --store DIR --cache DIR]
+
+Each task's result goes to `<work-dir>/per_instance.jsonl` as it finishes; a later run with the
+same work dir reuses them (a stopped run resumes), and `--done-only` summarizes those alone.
 """
 
 from __future__ import annotations
@@ -125,6 +128,9 @@ async def main() -> dict[str, Any]:
     ap.add_argument("--cache", type=Path, help="node cache (default <work-dir>/cache)")
     ap.add_argument("--logs", type=Path, help="write each run's test log here")
     ap.add_argument("--infer", action="store_true", help="withhold exports and specs: infer")
+    ap.add_argument(
+        "--done-only", action="store_true", help="summarize the tasks done so far, run none"
+    )
     args = ap.parse_args()
 
     work = args.work_dir.expanduser()
@@ -141,8 +147,18 @@ async def main() -> dict[str, Any]:
     evaluator = Evaluator(builder, timeout=args.timeout)
     gate = asyncio.Semaphore(max(1, args.jobs))
     began = time.monotonic()
+    # Each task's result as it finishes: a run stopped half way keeps what it did, and the
+    # next run with the same work dir starts where it stopped.
+    journal = work / "per_instance.jsonl"
+    done = _journal(journal)
+    if done:
+        log(f"{sum(t.id in done for t in tasks)} tasks already done ({journal}): reused")
+    if args.done_only:
+        tasks = [t for t in tasks if t.id in done]
 
     async def one(task: Task) -> dict[str, Any]:
+        if task.id in done:
+            return done[task.id]
         async with gate:
             try:
                 out = await run_task(builder, evaluator, task, args.logs)
@@ -153,6 +169,8 @@ async def main() -> dict[str, Any]:
             f"{task.id}: gold {g.get('status', '-')} empty {em.get('status', '-')}"
             + (f" FAILURE {out['failure']}" if "failure" in out else "")
         )
+        with journal.open("a") as fh:
+            fh.write(json.dumps({"id": task.id, "result": out}) + "\n")
         return out
 
     outs = await asyncio.gather(*map(one, tasks))
@@ -204,6 +222,20 @@ async def main() -> dict[str, Any]:
         args.logs: "<logs>",
     }
     return portable(summary, places)
+
+
+def _journal(path: Path) -> dict[str, dict[str, Any]]:
+    """The results a journal holds (the last for each task); a torn last line is ignored."""
+    out: dict[str, dict[str, Any]] = {}
+    if not path.is_file():
+        return out
+    for line in path.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+            out[str(entry["id"])] = entry["result"]
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def _by_repo(tasks: list[Task], results: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
