@@ -13,11 +13,12 @@ still apply, as they would to a new release of a repository they name.
 
     python bench/fidelity.py --dataset verified.parquet --envs-dir DIR --git-mirror DIR
                              [--repos psf/requests pytest-dev/pytest pallets/flask]
-                             [--instance-ids ID ...] [--jobs 2] [--infer] [--done-only]
+                             [--instance-ids ID ...] [--jobs 2] [--infer] [--done-only|--rerun]
                              [--work-dir DIR | --store DIR --cache DIR]
 
-Each task's result goes to `<work-dir>/per_instance.jsonl` as it finishes; a later run with the
-same work dir reuses them (a stopped run resumes), and `--done-only` summarizes those alone.
+Each task's result goes to `<work-dir>/per_instance.jsonl` as it finishes; a later run of the
+same dataset and mode with the same work dir reuses them (a stopped run resumes; `--rerun` runs
+every task again), and `--done-only` summarizes those alone.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ def select(args: argparse.Namespace) -> list[Task]:
             for r in _all_columns(args.dataset)
             if r["instance_id"] in wanted
         ]
-        withheld = args.work_dir.expanduser() / "records-without-version.jsonl"
+        withheld = args.work_dir.expanduser() / "records-without-spec.jsonl"
         withheld.parent.mkdir(parents=True, exist_ok=True)
         withheld.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
         return load_tasks(withheld, instance_ids=ids)
@@ -131,6 +132,7 @@ async def main() -> dict[str, Any]:
     ap.add_argument(
         "--done-only", action="store_true", help="summarize the tasks done so far, run none"
     )
+    ap.add_argument("--rerun", action="store_true", help="run every task, journaled or not")
     args = ap.parse_args()
 
     work = args.work_dir.expanduser()
@@ -150,7 +152,9 @@ async def main() -> dict[str, Any]:
     # Each task's result as it finishes: a run stopped half way keeps what it did, and the
     # next run with the same work dir starts where it stopped.
     journal = work / "per_instance.jsonl"
-    done = _journal(journal)
+    # Reused only by a run of the same dataset and mode (and not with --rerun).
+    mode = f"{args.dataset.name}:{'infer' if args.infer else 'spec'}"
+    done = {} if args.rerun else _journal(journal, mode)
     if done:
         log(f"{sum(t.id in done for t in tasks)} tasks already done ({journal}): reused")
     if args.done_only:
@@ -170,7 +174,7 @@ async def main() -> dict[str, Any]:
             + (f" FAILURE {out['failure']}" if "failure" in out else "")
         )
         with journal.open("a") as fh:
-            fh.write(json.dumps({"id": task.id, "result": out}) + "\n")
+            fh.write(json.dumps({"id": task.id, "mode": mode, "result": out}) + "\n")
         return out
 
     outs = await asyncio.gather(*map(one, tasks))
@@ -224,16 +228,18 @@ async def main() -> dict[str, Any]:
     return portable(summary, places)
 
 
-def _journal(path: Path) -> dict[str, dict[str, Any]]:
-    """The results a journal holds (the last for each task); a torn last line is ignored."""
+def _journal(path: Path, mode: str) -> dict[str, dict[str, Any]]:
+    """The results a journal holds for `mode` (the last for each task); a torn line is
+    ignored."""
     out: dict[str, dict[str, Any]] = {}
     if not path.is_file():
         return out
     for line in path.read_text().splitlines():
         try:
             entry = json.loads(line)
-            out[str(entry["id"])] = entry["result"]
-        except (ValueError, KeyError, TypeError):
+            if entry.get("mode") == mode:
+                out[str(entry["id"])] = entry["result"]
+        except (ValueError, KeyError, TypeError, AttributeError):
             continue
     return out
 

@@ -89,9 +89,14 @@ def versus(a: list[Path], b: list[Path]) -> dict[str, Any]:
 
 
 def _gold(files: list[Path]) -> dict[str, bool]:
+    """Each task's gold verdict in its latest run (as `summarize` counts it)."""
+    runs = sorted(
+        (json.loads(p.read_text()) for p in files),
+        key=lambda d: d.get("host", {}).get("finished", ""),
+    )
     out: dict[str, bool] = {}
-    for p in files:
-        for tid, r in json.loads(p.read_text())["per_instance"].items():
+    for data in runs:
+        for tid, r in data["per_instance"].items():
             out[tid] = bool(r.get("gold", {}).get("resolved"))
     return out
 

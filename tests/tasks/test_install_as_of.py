@@ -108,3 +108,26 @@ async def test_an_editable_install_without_a_pep_660_backend_falls_back_as_pip_d
     async with builder.sandbox(task) as sb:
         r = await sb.execute("cd / && python -c 'import datekit; print(datekit.__file__)'")
     assert r.stdout.strip() == "/testbed/src/datekit/__init__.py", r.output
+
+
+async def test_what_uv_cannot_install_as_pip_did_goes_to_the_environments_pip(
+    settings: BuildSettings,
+) -> None:
+    """Spec install commands carry pip-only options (scikit-learn's `--no-use-pep517`; here
+    `--progress-bar off`, which the environment's pip still has): uv refuses them, and the dated
+    install falls back to the environment's own pip, as the harness ran it (undated), instead
+    of failing the build."""
+    (datekit,) = [t for t in load_tasks("examples") if "datekit" in t.id]
+    task = datekit.model_copy(
+        update={
+            "id": "examples__datekit-pip-only-options",
+            "install": ["python -m pip install --progress-bar off -e ."],
+            "install_as_of": "2024-11-01",
+        }
+    )
+    builder = Builder(settings)
+    result = await builder.build(task)
+    assert result.status in ("built", "cached"), result.error
+    async with builder.sandbox(task) as sb:
+        r = await sb.execute("cd / && python -c 'import datekit; print(datekit.__file__)'")
+    assert r.stdout.strip() == "/testbed/src/datekit/__init__.py", r.output

@@ -224,6 +224,14 @@ def test_test_requirements_come_from_the_first_source_found() -> None:
     reqs, where = infer_requirements(tree({"ci/requirements/environment.yml": conda}), [])
     assert reqs == ["dask", "numpy>=1.17", "pint", "pytest"], reqs
     assert where == "ci/requirements/environment.yml + pytest"
+    broken = {"ci/requirements/environment.yml": "dependencies: [", "req.txt": "six\n"}
+    skipped: list[str] = []
+    tox_only = "[testenv]\ndeps =\n    mock\n"
+    assert infer_requirements(tree({**broken, "tox.ini": tox_only}), skipped)[0] == [
+        "mock",
+        "pytest",
+    ]
+    assert skipped and skipped[0].startswith("ci/requirements/environment.yml")
     tox = "[testenv]\ndeps =\n    mock\n    py37: oldthing\n    -r{toxinidir}/req.txt\n"
     reqs, where = infer_requirements(tree({"tox.ini": tox, "req.txt": "six\n"}), [])
     assert reqs == ["mock", "six", "pytest"] and where.startswith("tox.ini")
@@ -296,6 +304,14 @@ def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> 
     (task,) = load_tasks(path)
     assert task.env.python == "3.9" and "py39" in task.env.inferred["python"]
     assert task.env.requirements[-2:] == ["tox", "tox-current-env"]
+    for other in ("pytest -c tox.ini tests/a.py", "tox -epy27 -- tests/a.py"):
+        plain = {
+            **tox,
+            "eval_script": script.replace("tox --current-env -epy39 -v -- tests/a.py", other),
+        }
+        path.write_text(json.dumps(plain) + "\n")
+        (task,) = load_tasks(path)
+        assert task.env.python is None, other  # not tox's (a file), or no Python 3 named
 
 
 def test_the_harness_seed_by_python_version() -> None:

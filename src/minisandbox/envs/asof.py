@@ -56,18 +56,28 @@ def as_of_date(value: str) -> str:
         ) from None
 
 
-# What pip installs become: uv, as of the date; and where a build backend lacks PEP 660's
-# build_editable hook (a repository pinning `setuptools~=62.6` in its build-system table, as
-# pylint 2.15 does), what pip did then: the editable install without build isolation, with the
-# environment's own setuptools (pip ran `setup.py develop`), made new enough for the hook.
+# What pip installs become: uv, as of the date. Where uv cannot do what pip did, what pip did:
+# a build backend without PEP 660's build_editable hook (a build-system table pinning
+# `setuptools~=62.6`, as pylint 2.15's) gets the editable install without build isolation on
+# the environment's own setuptools (pip ran `setup.py develop`), made new enough for the hook;
+# anything else uv refuses (pip-only options such as `--no-use-pep517`, an editable on Python
+# 3.6, whose setuptools never had the hook) is left to the environment's own pip, undated, as
+# before. Exported: a rewritten command may run in a child shell (`bash -c '...'`).
 _PIP_INSTALL_FUNCTION = """pip_install_as_of() {{
   local out
   if out=$({uv} "$@" 2>&1); then printf '%s\\n' "$out"; return 0; fi
   printf '%s\\n' "$out"
-  case "$out" in *build_editable*) ;; *) return 1 ;; esac
-  echo "+ its build backend has no PEP 660 hook: without build isolation, as pip's fallback did"
-  {uv} 'setuptools>=64' wheel && {uv} --no-build-isolation "$@"
-}}"""
+  case "$out" in
+    *"has no attribute 'build_editable'"*)
+      echo "+ its build backend has no PEP 660 hook: without build isolation, as pip did"
+      local isolation=--no-build-isolation
+      case " $* " in *" --no-build-isolation "*) isolation= ;; esac
+      if {uv} 'setuptools>=64' wheel && {uv} $isolation "$@"; then return 0; fi ;;
+  esac
+  echo "+ uv cannot install this as pip did: with the environment's own pip (not dated)"
+  python -m pip install "$@"
+}}
+export -f pip_install_as_of"""
 
 
 def install_env(date: str) -> str:

@@ -503,18 +503,18 @@ def _ci_versions(tree: RepoTree) -> list[str]:
 def infer_requirements(tree: RepoTree, skipped: list[str]) -> tuple[list[str], str]:
     """The test requirements of the repository (the package itself is installed by the task's
     install step): the first test requirements file, else the first conda environment file
-    of its CI, else the test extras of its metadata, else tox's deps; pytest always. Returns
-    them and where they came from.
-
-    Raises:
-        RecipeResolveError: a conda environment file that is not YAML.
-    """
+    of its CI (one that is not YAML is noted in `skipped` and passed over), else the test
+    extras of its metadata, else tox's deps; pytest always. Returns them and where they came
+    from."""
     path = tree.first(_TEST_REQUIREMENT_FILES)
     conda = tree.first(_TEST_ENVIRONMENT_FILES)
+    from_conda = None
+    if path is None and conda is not None:
+        from_conda = _environment_or_none(tree, conda, skipped)
     if path is not None:
         reqs, where = requirements_file(tree, path, skipped), path
-    elif conda is not None:
-        reqs, where = environment_file(tree.read(conda) or "", skipped), conda
+    elif from_conda is not None:
+        reqs, where = from_conda, str(conda)
     else:
         reqs, where = _test_extras(tree)
         if not reqs:
@@ -523,6 +523,15 @@ def infer_requirements(tree: RepoTree, skipped: list[str]) -> tuple[list[str], s
         reqs.append("pytest")
         where = f"{where} + pytest" if where else "pytest only"
     return reqs, where
+
+
+def _environment_or_none(tree: RepoTree, path: str, skipped: list[str]) -> list[str] | None:
+    """A CI environment file's requirements; None (noted) when it is not YAML."""
+    try:
+        return environment_file(tree.read(path) or "", skipped)
+    except RecipeResolveError as e:
+        skipped.append(f"{path}: {e}"[:200])
+        return None
 
 
 def _test_extras(tree: RepoTree) -> tuple[list[str], str]:

@@ -165,8 +165,8 @@ def _test_cmd(
     return spec_test_cmd(_DEFAULT_TEST_CMD, repo, test_patch)
 
 
-_TOX = re.compile(r"(?:^|[\s;&|])tox\b")
-_TOX_ENV = re.compile(r"\s-e\s*py(\d)(\d+)\b")
+_TOX = re.compile(r"(?:^|[\s;&|])tox(?![\w.-])")  # the command, not tox.ini
+_TOX_ENV = re.compile(r"\s-e\s*py(3)(\d+)\b")
 
 
 def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
