@@ -39,6 +39,12 @@ out = {}
 for name, log in logs.items():
     g = grade(task, log)
     out[name] = [g.resolved, g.swebench_resolved]
+spaced = task.model_copy(update={
+    "log_parser": "sphinx", "fail_to_pass": ["t.py::test_y"], "pass_to_pass": ["t.py::test_x[a,"],
+})
+log = "+ : '>>>>> Start Test Output'\\nPASSED t.py::test_y\\nPASSED t.py::test_x[a, b]\\n"
+g = grade(spaced, log + "+ : '>>>>> End Test Output'\\n")
+out["spaced ids"] = [g.resolved, g.swebench_resolved]
 print(json.dumps({
     "version": importlib.metadata.version("swebench"),
     "grading": swebench_grading().grading.__file__,
@@ -105,6 +111,19 @@ def test_swebench_5_grades_as_4_1_does(tmp_path: Path) -> None:
         name: [grade(task, log).resolved, grade(task, log).swebench_resolved]
         for name, log in logs.items()
     }
+    # An id with a space, as the datasets hold it (cut at the space by 4.x's parsers, which
+    # 5.x no longer cuts): the same verdict under both.
+    spaced = task.model_copy(
+        update={
+            "log_parser": "sphinx",
+            "fail_to_pass": ["t.py::test_y"],
+            "pass_to_pass": ["t.py::test_x[a,"],
+        }
+    )
+    log = "+ : '>>>>> Start Test Output'\nPASSED t.py::test_y\nPASSED t.py::test_x[a, b]\n"
+    g = grade(spaced, log + "+ : '>>>>> End Test Output'\n")
+    here["spaced ids"] = [g.resolved, g.swebench_resolved]
+    assert here["spaced ids"][0] is True
     assert five["verdicts"] == here, (five["verdicts"], here)
     assert here["both pass"] == [True, True] and here["fail_to_pass fails"] == [False, False]
     assert five["recipe"] == task.env.model_dump()

@@ -251,13 +251,14 @@ def grade(task: Task, log: str, *, test_exit_code: int | None = None) -> Grade:
     report = sb.grading.get_eval_tests_report(results, gold, eval_type=eval_type)
     swebench_resolved = sb.grading.get_resolution_status(report) == sb.ResolvedStatus.FULL.value
     reasons = []
+    status = _statuses(results)
     if not fail_only:
         for kind, tests in gold.items():
-            not_passed = [t for t in tests if not _passed(results.get(t))]
+            not_passed = [t for t in tests if not _passed(status(t))]
             if not_passed:
                 t = not_passed[0]
                 more = f" and {len(not_passed) - 1} more" if len(not_passed) > 1 else ""
-                reasons.append(f"{kind} {t}: {results.get(t, 'not run')}{more}")
+                reasons.append(f"{kind} {t}: {status(t) or 'not run'}{more}")
     elif not swebench_resolved:
         failed = report["FAIL_TO_PASS"]["failure"] + report["PASS_TO_PASS"]["failure"]
         reasons.append(f"failed: {', '.join(failed[:3])}")
@@ -272,6 +273,18 @@ def grade(task: Task, log: str, *, test_exit_code: int | None = None) -> Grade:
         test_results=results,
         tests_status=report,
     )
+
+
+def _statuses(results: dict[str, str]) -> Callable[[str], str | None]:
+    """A test id's status in `results`. The datasets' ids were made by swebench 4.x's parsers,
+    which kept a reported id only up to its first space (`test_x[a,` for `test_x[a, b]`);
+    5.x keeps it whole. An id missing as such is looked up as 4.x would have kept it (the
+    last such test reported wins, as in 4.x's table)."""
+    cut: dict[str, str] = {}
+    for test, state in results.items():
+        if " " in test:
+            cut[test.split(" ", 1)[0]] = state
+    return lambda t: results.get(t) or cut.get(t)
 
 
 # ---------------------------------------------------------------- evaluating
