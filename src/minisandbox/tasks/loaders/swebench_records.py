@@ -172,11 +172,17 @@ _TOX_ENV = re.compile(r"\s-e\s*py(3)(\d+)\b")
 def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
     """An inferred recipe with what the record's test command runs that the repository's own
     requirements may not list: tox (and tox-current-env for `--current-env`), on the Python
-    of the tox environment it names (`-epy39`: tox-current-env refuses another)."""
+    of the tox environment it names (`-epy39`: tox-current-env refuses another). pytest under
+    tox runs as the repository's tox.ini says, without the `-rA` the log parsers read (the
+    harness's image edited tox.ini): PYTEST_ADDOPTS adds it (tox files of such repositories
+    pass it through)."""
     if not _TOX.search(test_cmd):
         return recipe
     extra = ["tox", *(["tox-current-env"] if "--current-env" in test_cmd else [])]
-    update: dict[str, Any] = {"requirements": [*recipe.requirements, *extra]}
+    update: dict[str, Any] = {
+        "requirements": [*recipe.requirements, *extra],
+        "env": {"PYTEST_ADDOPTS": "-rA", **recipe.env},
+    }
     env = _TOX_ENV.search(test_cmd)
     if recipe.python is None and env is not None:
         update["python"] = f"{env[1]}.{env[2]}"
