@@ -55,6 +55,24 @@ async def test_gold_resolves_and_empty_does_not(evaluator: Evaluator, task: Task
     assert "FAIL_TO_PASS" in empty.reason
 
 
+async def test_a_recipes_pytest_addopts_survives_the_guarded_grader(
+    evaluator: Evaluator, task: Task
+) -> None:
+    """The guarded grader adds its plugin through PYTEST_ADDOPTS; a recipe's own value (an
+    inferred one's `-rA`, for a test command that lacks it) must stay beside it."""
+    assert "-rA" in task.test_cmd, "the control: the example's command asks for it"
+    bare = task.model_copy(
+        update={
+            "id": "examples__semverkit-addopts",
+            "test_cmd": task.test_cmd.replace("-rA", ""),
+            "eval_script": None,
+            "env": task.env.model_copy(update={"env": {"PYTEST_ADDOPTS": "-rA"}}),
+        }
+    )
+    gold = await evaluator.evaluate(bare, bare.gold_patch)
+    assert gold.status == "resolved", gold.reason + gold.log[-2000:]
+
+
 async def test_patch_that_does_not_apply_is_an_error(evaluator: Evaluator, task: Task) -> None:
     broken = task.gold_patch.replace("-    return max(allowed)", "-    return min(allowed)")
     r = await evaluator.evaluate(task, broken)

@@ -446,7 +446,9 @@ class Evaluator:
         async with start_services(sb, task) as service_env:
             env = {"BASH_ENV": _HOOK_PATH, **service_env}
             if "PYTEST_ADDOPTS" in grader_env:
-                ours, theirs = grader_env["PYTEST_ADDOPTS"], env.get("PYTEST_ADDOPTS")
+                # Ours beside the task's own (a recipe's `-rA`), which this would replace.
+                theirs = env.get("PYTEST_ADDOPTS") or task.env.env.get("PYTEST_ADDOPTS")
+                ours = grader_env["PYTEST_ADDOPTS"]
                 env["PYTEST_ADDOPTS"] = f"{ours} {theirs}" if theirs else ours
             elif grader_env:
                 env.update(grader_env)
