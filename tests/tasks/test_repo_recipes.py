@@ -305,6 +305,7 @@ def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> 
     assert task.env.python == "3.9" and "py39" in task.env.inferred["python"]
     assert task.env.requirements[-2:] == ["tox", "tox-current-env"]
     assert task.env.env["PYTEST_ADDOPTS"] == "-rA"  # the summary the log parser reads
+    assert task.env.env["TOX_TESTENV_PASSENV"] == "PYTEST_ADDOPTS"  # through any tox.ini
     for other in ("pytest -c tox.ini tests/a.py", "tox -epy27 -- tests/a.py"):
         plain = {
             **tox,

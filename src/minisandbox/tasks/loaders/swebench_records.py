@@ -174,14 +174,15 @@ def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
     requirements may not list: tox (and tox-current-env for `--current-env`), on the Python
     of the tox environment it names (`-epy39`: tox-current-env refuses another). pytest under
     tox runs as the repository's tox.ini says, without the `-rA` the log parsers read (the
-    harness's image edited tox.ini): PYTEST_ADDOPTS adds it (tox files of such repositories
-    pass it through)."""
+    harness's image edited tox.ini): PYTEST_ADDOPTS adds it, and TOX_TESTENV_PASSENV passes it
+    through tox 3 where tox.ini does not."""
     if not _TOX.search(test_cmd):
         return recipe
     extra = ["tox", *(["tox-current-env"] if "--current-env" in test_cmd else [])]
     update: dict[str, Any] = {
         "requirements": [*recipe.requirements, *extra],
-        "env": {"PYTEST_ADDOPTS": "-rA", **recipe.env},
+        # tox 3 passes a variable to its commands only when tox.ini or this names it.
+        "env": {"PYTEST_ADDOPTS": "-rA", "TOX_TESTENV_PASSENV": "PYTEST_ADDOPTS", **recipe.env},
     }
     env = _TOX_ENV.search(test_cmd)
     if recipe.python is None and env is not None:
