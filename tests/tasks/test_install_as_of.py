@@ -87,27 +87,32 @@ async def test_a_repository_layer_installs_as_of_its_commit_and_records_it(
     assert r.stdout.strip() == "2.0.1", r.output
 
 
-async def test_an_editable_install_without_a_pep_660_backend_falls_back_as_pip_did(
-    settings: BuildSettings,
-) -> None:
-    """pylint 2.15's build-system table pins `setuptools~=62.6`, which has no build_editable
-    hook: uv's isolated editable build fails where pip (the harness's) fell back to
-    `setup.py develop` with the environment's setuptools. Dated installs do the same."""
+async def _datekit_installed_by(
+    settings: BuildSettings, name: str, install: list[str], date: str
+) -> str:
+    """Build datekit with `install` as of `date`; where its sandbox imports datekit from."""
     (datekit,) = [t for t in load_tasks("examples") if "datekit" in t.id]
-    pin = "sed -i 's/setuptools>=61/setuptools~=62.6/' pyproject.toml"
     task = datekit.model_copy(
-        update={
-            "id": "examples__datekit-no-pep660",
-            "install": [pin, "python -m pip install -e ."],
-            "install_as_of": "2023-01-22",
-        }
+        update={"id": f"examples__datekit-{name}", "install": install, "install_as_of": date}
     )
     builder = Builder(settings)
     result = await builder.build(task)
     assert result.status in ("built", "cached"), result.error
     async with builder.sandbox(task) as sb:
         r = await sb.execute("cd / && python -c 'import datekit; print(datekit.__file__)'")
-    assert r.stdout.strip() == "/testbed/src/datekit/__init__.py", r.output
+    return r.stdout.strip() or r.output
+
+
+async def test_an_editable_install_without_a_pep_660_backend_falls_back_as_pip_did(
+    settings: BuildSettings,
+) -> None:
+    """pylint 2.15's build-system table pins `setuptools~=62.6`, which has no build_editable
+    hook: uv's isolated editable build fails where pip (the harness's) fell back to
+    `setup.py develop` with the environment's setuptools. Dated installs do the same."""
+    pin = "sed -i 's/setuptools>=61/setuptools~=62.6/' pyproject.toml"
+    install = [pin, "python -m pip install -e ."]
+    where = await _datekit_installed_by(settings, "no-pep660", install, "2023-01-22")
+    assert where == "/testbed/src/datekit/__init__.py"
 
 
 async def test_what_uv_cannot_install_as_pip_did_goes_to_the_environments_pip(
@@ -117,17 +122,6 @@ async def test_what_uv_cannot_install_as_pip_did_goes_to_the_environments_pip(
     `--progress-bar off`, which the environment's pip still has): uv refuses them, and the dated
     install falls back to the environment's own pip, as the harness ran it (undated), instead
     of failing the build."""
-    (datekit,) = [t for t in load_tasks("examples") if "datekit" in t.id]
-    task = datekit.model_copy(
-        update={
-            "id": "examples__datekit-pip-only-options",
-            "install": ["python -m pip install --progress-bar off -e ."],
-            "install_as_of": "2024-11-01",
-        }
-    )
-    builder = Builder(settings)
-    result = await builder.build(task)
-    assert result.status in ("built", "cached"), result.error
-    async with builder.sandbox(task) as sb:
-        r = await sb.execute("cd / && python -c 'import datekit; print(datekit.__file__)'")
-    assert r.stdout.strip() == "/testbed/src/datekit/__init__.py", r.output
+    install = ["python -m pip install --progress-bar off -e ."]
+    where = await _datekit_installed_by(settings, "pip-only-options", install, "2024-11-01")
+    assert where == "/testbed/src/datekit/__init__.py"
