@@ -87,7 +87,8 @@ def test_without_swesmith_the_message_says_what_to_install(
     _registry.cache_clear()
     try:
         record = published("mahmoud__boltons.3bfcfdd0.x__1", "swesmith/mahmoud__boltons.3bfcfdd0")
-        with pytest.raises(MissingDependencyError, match=r"swe-minisandbox\[swesmith\]"):
+        fix = r"`swesmith` extra.*pip install -e '\.\[swesmith\]'"
+        with pytest.raises(MissingDependencyError, match=fix):
             load_tasks(write(tmp_path, [record]))
     finally:
         _registry.cache_clear()
