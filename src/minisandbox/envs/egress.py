@@ -19,6 +19,7 @@ from __future__ import annotations
 import configparser
 import os
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -57,18 +58,24 @@ def _pip_config_files() -> list[Path]:
     return files
 
 
-def index_urls() -> list[str]:
-    """The index URLs of the host's pip and uv settings (environment and pip's files)."""
-    urls: list[str] = []
-    for name in _INDEX_VARS:
-        for word in os.environ.get(name, "").split():
-            urls.append(word.split("=", 1)[1] if re.match(r"^[\w.-]+=", word) else word)
+def _pip_configs() -> Iterator[configparser.RawConfigParser]:
+    """pip's configuration files that parse, in pip's order."""
     for path in _pip_config_files():
         parser = configparser.RawConfigParser()
         try:
             parser.read(path)
         except (OSError, configparser.Error):
             continue
+        yield parser
+
+
+def index_urls() -> list[str]:
+    """The index URLs of the host's pip and uv settings (environment and pip's files)."""
+    urls: list[str] = []
+    for name in _INDEX_VARS:
+        for word in os.environ.get(name, "").split():
+            urls.append(word.split("=", 1)[1] if re.match(r"^[\w.-]+=", word) else word)
+    for parser in _pip_configs():
         for section in parser.sections():
             for key in ("index-url", "extra-index-url", "index_url", "extra_index_url"):
                 urls += parser.get(section, key, fallback="").split()
@@ -82,12 +89,7 @@ def pip_index() -> str:
     if os.environ.get("PIP_INDEX_URL", "").strip():
         return os.environ["PIP_INDEX_URL"].strip()
     found = PYPI_SIMPLE
-    for path in _pip_config_files():  # in pip's order: a later file wins
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path)
-        except (OSError, configparser.Error):
-            continue
+    for parser in _pip_configs():  # in pip's order: a later file wins
         for key in ("index-url", "index_url"):
             found = parser.get("global", key, fallback="").strip() or found
     return found

@@ -90,9 +90,8 @@ class PackCache:
     the coarse cut it extends). Files appear by rename; a lock file serialises builders."""
 
     def __init__(self, root: Path, coarse: int = COARSE) -> None:
-        self.root = Path(
-            root
-        ).absolute()  # git runs in the mirror: a relative path names a place there
+        # Absolute: git runs in the mirror, where a relative path names another place.
+        self.root = Path(root).absolute()
         self.coarse = coarse
         (self.root / "chains").mkdir(parents=True, exist_ok=True)
         # Packs being written by a build that was killed: an hour is far longer than any.
