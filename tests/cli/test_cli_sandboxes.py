@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from subprocess import CompletedProcess
 
+import pytest
+
 from conftest import CLI, run_cli
 from minisandbox.tasks.builder import BuildSettings
 
@@ -77,6 +79,17 @@ def test_exec_of_an_unknown_task_is_one_line() -> None:
     r = run_cli("exec", "--tasks", "examples", "--task", "no-such-task", "--", "true")
     err = r.stderr.decode()
     assert r.returncode == 2 and "no-such-task" in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "option", [["--ro", "/"], ["--network"], ["--workdir", "/tmp"], ["--layer", "/"]]
+)
+def test_plain_sandbox_options_with_a_task_are_refused(option: list[str]) -> None:
+    # They shaped nothing with --task (the agent's sandbox): a --ro dir was silently absent.
+    r = run_cli("exec", "--task", "examples__semverkit-1", *option, "--", "true")
+    err = r.stderr.decode()
+    assert r.returncode == 2 and len(err.splitlines()) == 1, err
+    assert f"{option[0]} cannot be combined with --task" in err, err
 
 
 # ---------------------------------------------------------------- exec over an environment layer

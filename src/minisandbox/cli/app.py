@@ -84,8 +84,9 @@ RoOpt = typer.Option(
     metavar="DIR",
     help="A host directory to show read-only at its own path, e.g. a Python install (repeatable).",
 )
+WORKDIR_DEFAULT = "/testbed"
 WorkdirOpt = typer.Option(
-    "/testbed", "--workdir", "-w", metavar="PATH", help="Working directory inside."
+    WORKDIR_DEFAULT, "--workdir", "-w", metavar="PATH", help="Working directory inside."
 )
 
 # ---------------------------------------------------------------- a dataset's and store's options

@@ -17,6 +17,7 @@ import typer
 
 from minisandbox.cli.aiorun import run_async
 from minisandbox.cli.app import (
+    WORKDIR_DEFAULT,
     AbsPathsOpt,
     CacheOpt,
     EnvsOpt,
@@ -124,6 +125,7 @@ def _open(
     if task:
         from minisandbox.runtime import Runtime
 
+        _refuse_sandbox_options(layer, upper, network, ro, workdir)
         (spec,) = load_dataset(tasks, envs_dir, [task], allow_abs)
         # A cold store builds first (minutes): say so on stderr, not a blank screen.
         on_phase = None if quiet else _phase_on_stderr
@@ -132,6 +134,29 @@ def _open(
         opened = runtime.sandbox(spec, purpose="agent", on_phase=on_phase)
         return cast("AbstractAsyncContextManager[Sandbox]", opened)
     return Sandbox(_layers_config(layer or [], upper, network, ro or [], workdir))
+
+
+def _refuse_sandbox_options(
+    layer: list[Path] | None, upper: Path | None, network: bool, ro: list[Path] | None, workdir: str
+) -> None:
+    """A task's sandbox is the agent's, as it is graded: the options that shape a plain sandbox
+    would be silently ignored with --task, so each one given is an error that says so."""
+    given = [
+        name
+        for name, value in (
+            ("--layer", layer),
+            ("--upper", upper),
+            ("--network", network),
+            ("--ro", ro),
+            ("--workdir", workdir != WORKDIR_DEFAULT),
+        )
+        if value
+    ]
+    if given:
+        fail(
+            f"{', '.join(given)} cannot be combined with --task (a task's sandbox is the "
+            "agent's, as graded): drop them, or drop --task for a plain sandbox"
+        )
 
 
 # Where an environment layer keeps its venv (envs.layout.VENV).
