@@ -170,6 +170,47 @@ def test_an_environment_dated_before_pep_517_setuptools_builds_sdists(own: Build
     assert asyncio.run(run()) == "18.0"  # the seed still as of the date
 
 
+def test_a_dated_requirement_that_does_not_build_is_taken_as_a_wheel(own: BuildSettings) -> None:
+    """Dated before its Python, a package's source does not build (as of 2017 every sdist
+    builds with setuptools 40.8, which Python 3.9 broke; xarray's inferred recipe as of 2021
+    gets cartopy, whose source needs the PROJ library): it is taken as a wheel of any date,
+    recorded, and the rest stays as of the date; the dependency of a line (jinja2's
+    markupsafe) too. With no wheel to take (an exact pin), the line is left out. The control:
+    the same install without it needs no step."""
+    task = _task("3.9", ["six", "jinja2"], "undated-wheel")
+    task = task.model_copy(update={"env": task.env.model_copy(update={"as_of": "2017-06-01"})})
+    builder = Builder(own)
+    result = asyncio.run(builder.build(task))
+    assert result.status == "built", result.error
+    assert [(r.package, r.rung) for r in result.relaxed] == [("markupsafe", "any")], result
+    assert "markupsafe" in result.relaxed[0].conflict
+
+    async def versions(task: Task) -> list[str]:
+        async with builder.sandbox(task) as sb:
+            code = "from importlib.metadata import version as v; print(v('six'), v('markupsafe'))"
+            r = await sb.execute(["python", "-c", code])
+            return r.stdout.split() or [r.output]
+
+    six, markupsafe = asyncio.run(versions(task))
+    assert six == "1.10.0" and int(markupsafe.split(".")[0]) >= 2  # as of the date; a wheel
+
+    def variant(name: str, requirements: list[str]) -> Task:
+        env = task.env.model_copy(update={"requirements": requirements})
+        return task.model_copy(update={"id": f"env-undated-{name}", "env": env})
+
+    pinned = variant("pinned", ["six", "markupsafe==1.0"])
+    result = asyncio.run(builder.build(pinned))
+    assert result.status == "built", result.error
+    steps = [(r.package, r.rung, r.pinned) for r in result.relaxed]
+    assert steps == [
+        ("markupsafe", "any", "markupsafe==1.0"),
+        ("markupsafe", "dropped", "markupsafe==1.0"),
+    ], steps
+    assert "PackageNotFoundError: markupsafe" in asyncio.run(versions(pinned))[0]
+    result = asyncio.run(builder.build(variant("none", ["six"])))
+    assert result.status == "built" and result.relaxed == [], result
+
+
 _PYPROJECT = """[project]
 name = "x"  # requires = ["not-this"]
 

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from minisandbox.envs.asof import exclude_newer
 from minisandbox.envs.recipe import EnvRecipe, FromRepository
 from minisandbox.evaluation.evaluator import Evaluator
 from minisandbox.tasks.builder import Builder, BuildSettings
 from minisandbox.tasks.loaders import load_tasks
+from minisandbox.tasks.loaders.swebench_records import _TOX_ADDOPTS_PTH
 from minisandbox.tasks.loaders.swebench_specs import (
     HARNESS_AS_OF,
     harness_seed,
@@ -261,6 +263,39 @@ def test_an_inferred_recipe_is_dated_and_says_why() -> None:
     assert (allowed.python, allowed.as_of) == ("3.12", "2024-03-30T00:00:00Z"), allowed.inferred
 
 
+def test_the_runner_the_test_command_needs_replaces_an_older_pin() -> None:
+    """`pytest -rA` needs pytest 4.5: a requests commit of 2014 pinned pytest 2.8, which
+    ignores the `A`, and every test read "not run" (SWE-bench Lite's requests, inferred)."""
+    source = FromRepository(infer=True, runner=["pytest>=4.5"])
+    recipe = EnvRecipe(python="3.6", from_repository=source)
+    files = {"requirements-dev.txt": "pytest==2.8.1\npytest-cov==2.1.0\nsix\n"}
+    old = resolve(recipe, tree(files, "2014-07-01"))
+    assert "pytest==2.8.1" not in old.requirements and "pytest>=4.5" in old.requirements
+    assert "pytest-cov==2.1.0" in old.requirements and "six" in old.requirements
+    # It and what it depends on as of after its release; everything else as of the commit.
+    assert old.as_of == "2016-12-23T00:00:00Z"  # (Python 3.6 came out then)
+    assert old.as_of_packages["pytest"] == "2019-06-15T00:00:00Z"
+    assert old.as_of_packages["atomicwrites"] == "2022-12-31T00:00:00Z"  # (uploaded again)
+    assert "six" in old.as_of_packages and "pytest-cov" not in old.as_of_packages
+    assert "replaced by pytest>=4.5" in old.inferred["runner"]
+    # What the options say: the package's own date only where it is later.
+    options = exclude_newer(old.as_of or "", later=old.as_of_packages)
+    assert "pytest=2019-06-15T00:00:00Z" in options and "pytest-cov" not in " ".join(options)
+    later = " ".join(exclude_newer("2020-01-01", later=old.as_of_packages))
+    assert "pytest=" not in later and "atomicwrites=2022-12-31T00:00:00Z" in later
+    # A later commit whose lines give it already: untouched (the same key as without).
+    new = resolve(recipe, tree({"requirements-dev.txt": "pytest>=3.0\n"}, "2021-01-01"))
+    plain = resolve(
+        EnvRecipe(python="3.6", from_repository=FromRepository(infer=True)),
+        tree({"requirements-dev.txt": "pytest>=3.0\n"}, "2021-01-01"),
+    )
+    assert new.key("3.6.15") == plain.key("3.6.15") and "runner" not in new.inferred
+    # ... and one that pins an older pytest: replaced, not dated.
+    pinned = resolve(recipe, tree({"requirements-dev.txt": "pytest~=3.6\n"}, "2021-01-01"))
+    assert "pytest>=4.5" in pinned.requirements and not pinned.as_of_packages
+    assert pinned.key("3.6.15") != plain.key("3.6.15")
+
+
 # ---------------------------------------------------------------- the loader
 
 
@@ -292,10 +327,15 @@ def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> 
     assert not any(r.startswith("setuptools==75") for r in flask.env.requirements)
     assert flask.install_as_of == HARNESS_AS_OF  # its `pip install -e .` too, as the image had
     # No spec, no export: inferred from the repository, installed as of the commit, pytest.
-    assert unknown.env.python is None and unknown.env.from_repository == FromRepository(infer=True)
+    assert unknown.env.python is None and unknown.env.from_repository is not None
+    assert unknown.env.from_repository.infer
     assert unknown.install == ["python -m pip install -e ."]
     assert unknown.test_cmd == "pytest -rA tests/test_a.py"
     assert unknown.install_as_of == "commit" and unknown.log_parser == "pytest"
+    assert unknown.env.from_repository.runner == ["pytest>=4.5"]  # for its -rA
+    path.write_text(json.dumps(_record("pytest-dev/pytest", "0.1")) + "\n")
+    (itself,) = load_tasks(path)  # pytest's own repository is its runner
+    assert itself.env.from_repository is not None and itself.env.from_repository.runner == []
     # A record whose eval script runs tox (sphinx's): tox and its plugin, on the env's Python.
     script = "#!/bin/bash\n: '>>>>> Start Test Output'\ntox --current-env -epy39 -v -- tests/a.py\n"
     script += ": '>>>>> End Test Output'\n"
@@ -305,7 +345,9 @@ def test_records_get_recipes_whichever_swebench_is_installed(tmp_path: Path) -> 
     assert task.env.python == "3.9" and "py39" in task.env.inferred["python"]
     assert task.env.requirements[-2:] == ["tox", "tox-current-env"]
     assert task.env.env["PYTEST_ADDOPTS"] == "-rA"  # the summary the log parser reads
-    assert task.env.env["TOX_TESTENV_PASSENV"] == "PYTEST_ADDOPTS"  # through any tox.ini
+    passed = task.env.env["TOX_TESTENV_PASSENV"].split()  # through any tox.ini
+    assert passed == ["PYTEST_ADDOPTS", "MINISANDBOX_PYTEST_ADDOPTS"]
+    assert task.install[-1] == _TOX_ADDOPTS_PTH  # and past its own setenv (below)
     for other in ("pytest -c tox.ini tests/a.py", "tox -epy27 -- tests/a.py"):
         plain = {
             **tox,
@@ -332,6 +374,32 @@ def test_the_shipped_spec_table_is_swebench_4_1_0s() -> None:
 
 
 # ---------------------------------------------------------------- built for real
+
+
+def test_pytest_gets_its_summary_past_a_tox_ini_that_sets_its_own_options(
+    settings: BuildSettings, built: list
+) -> None:
+    """sphinx 3.x's tox.ini sets `PYTEST_ADDOPTS = --color yes`, replacing the `-rA` passed
+    on: no PASSED lines, every test "not run" (sphinx-8273 and -8282, inferred). The .pth
+    the install step writes puts it back in the interpreter pytest runs in, as tox's setenv
+    leaves the environment (here without tox: the variable replaced the same way)."""
+    task = load_tasks("examples")[0]
+    run = (
+        "cd /tmp && printf 'def test_one():\\n    pass\\n' > test_x.py && "
+        "PYTEST_ADDOPTS='--color no' MINISANDBOX_PYTEST_ADDOPTS=-rA python -m pytest test_x.py"
+    )
+
+    async def go() -> tuple[str, str]:
+        async with Builder(settings).sandbox(task) as sb:
+            before = await sb.execute(["bash", "-c", run])
+            wrote = await sb.execute(["bash", "-c", _TOX_ADDOPTS_PTH])
+            assert wrote.exit_code == 0, wrote.output
+            after = await sb.execute(["bash", "-c", run])
+            return before.stdout, after.stdout
+
+    before, after = asyncio.run(go())
+    assert "PASSED test_x.py::test_one" not in before, before  # the control
+    assert "PASSED test_x.py::test_one" in after, after
 
 
 def test_a_task_nobody_described_builds_and_grades(settings: BuildSettings, built: list) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
 
 from minisandbox.envs.layout import VENV
@@ -104,13 +105,18 @@ def pip_as_of(command: str, date: str) -> str:
     return _PIP_INSTALL.sub(lambda m: f"{m[1]}{m[2]}pip_install_as_of", command)
 
 
-def exclude_newer(date: str, setuptools_from: str = PEP517_SETUPTOOLS) -> list[str]:
+def exclude_newer(
+    date: str, setuptools_from: str = PEP517_SETUPTOOLS, later: Mapping[str, str] | None = None
+) -> list[str]:
     """uv's options for an install as of `date`: nothing uploaded later, except setuptools,
-    taken as of `setuptools_from` when that is later (what uv's builds need of it)."""
+    taken as of `setuptools_from` when that is later (what uv's builds need of it), and each
+    package of `later` (name -> time) as of its own time when that is later."""
     date = as_of_date(date)
     options = ["--exclude-newer", date]
-    if _moment(date) < _moment(setuptools_from):
-        options += ["--exclude-newer-package", f"setuptools={setuptools_from}"]
+    exceptions = {"setuptools": setuptools_from, **(later or {})}
+    for name, since in sorted(exceptions.items()):
+        if _moment(date) < _moment(since):
+            options += ["--exclude-newer-package", f"{name}={as_of_date(since)}"]
     return options
 
 

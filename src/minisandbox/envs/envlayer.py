@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from minisandbox.envs import relax
 from minisandbox.envs.asof import exclude_newer
 from minisandbox.envs.kinds import format_of
@@ -36,6 +38,24 @@ ENV_FORMAT = format_of("env")  # (envs/kinds.py)
 
 # What the repository imports at its environment commit and that commit's date (relax.py's
 # priorities and date bound), given the build's log directory; (None, None) when unknown.
+# Requirements of a dated install tried as wheels of any date, then left out (_install_undated).
+MAX_UNDATED = 8
+
+
+def _included_by(error: str, name: str) -> str | None:
+    """The first package of uv's "`name` (v1) was included because `a` (v2) depends on ..."
+    chain, normalised: the requirement that brought `name` in."""
+    chain = re.search(rf"`{re.escape(name)}` \(v[^)]*\) was included because `([^`]+)`", error)
+    return relax.normalise(chain[1]) if chain else None
+
+
+def _name(line: str) -> str | None:
+    try:
+        return Requirement(line).name
+    except InvalidRequirement:
+        return None
+
+
 ImportsAt = Callable[[Path], tuple[frozenset[str] | None, str | None]]
 
 
@@ -118,9 +138,12 @@ class _EnvBuild:
             try:
                 await self._install(sb, self.recipe.requirements, [])
             except BuildError as e:
-                if not self.recipe.relax_pins:
+                if self.recipe.relax_pins:
+                    relaxed, unresolved = await self._install_relaxed(sb, e)
+                elif self.recipe.as_of:
+                    relaxed = await self._install_undated(sb, e)
+                else:
                     raise
-                relaxed, unresolved = await self._install_relaxed(sb, e)
         # Bytecode now, once: otherwise the first import or pip run of every task writes its
         # own copy of the environment's .pyc files into its task layer. Only site-packages:
         # the standard library is the interpreter's (read-only).
@@ -137,7 +160,8 @@ class _EnvBuild:
     async def _install(self, sb: Sandbox, requirements: list[str], uv_options: list[str]) -> None:
         """Install `requirements` into the venv (the "requirements" step)."""
         await sb.write_file("/tmp/requirements.txt", "\n".join(requirements) + "\n")
-        dated = exclude_newer(self.recipe.as_of) if self.recipe.as_of else []
+        recipe = self.recipe
+        dated = exclude_newer(recipe.as_of, later=recipe.as_of_packages) if recipe.as_of else []
         options = " ".join([*self.recipe.pip_options, *map(shlex.quote, [*dated, *uv_options])])
         # No --compile-bytecode: uv's compiler needs Python >= 3.7 (3.6 has no
         # py_compile.PycInvalidationMode); the interpreter's own compileall (the bytecode
@@ -151,6 +175,59 @@ class _EnvBuild:
             f"--build-constraints /tmp/build-constraints.txt {options} "
             "-r /tmp/requirements.txt",
         )
+
+    async def _install_undated(self, sb: Sandbox, failed: BuildError) -> list[relax.Relaxation]:
+        """A dated install in which a package did not build: its source as of the date needs
+        what no build here has (cartopy 0.19 the PROJ library, which the CI's conda
+        environment file that xarray's inferred recipe comes from got built; markupsafe 1.0,
+        below requests' httpbin, a setuptools of its day). It is taken as a wheel of any date;
+        when that does not install either, the recipe's line that brought it in (itself, or
+        the first package of uv's "was included because" chain) is left out. One package a
+        round, each step recorded (the layer's `relaxed`, `build --json`).
+
+        Raises:
+            BuildError: the install's own failure when it is no failed build (or, after a
+                wheel was tried, nothing the recipe lists is to blame), or still failing after
+                MAX_UNDATED rounds.
+        """
+        lines = {relax.normalise(n): r for r in self.recipe.requirements if (n := _name(r))}
+        reqs, steps = list(self.recipe.requirements), list[relax.Relaxation]()
+        wheels: list[str] = []
+        imported: frozenset[str] | None = None
+        for _ in range(MAX_UNDATED):
+            error = failed.log.read_text(errors="replace")
+            found = relax.failed_build(error)
+            if found is not None and found[0] not in wheels:
+                name, report = found
+                wheels.append(name)
+                rung: relax.Rung = "any"
+            else:
+                last = found[0] if found else (wheels[-1] if wheels else None)
+                root = _included_by(error, last) if last else None
+                name = root if root in lines and lines[root] in reqs else (last or "")
+                if name not in lines or lines[name] not in reqs:
+                    raise failed
+                reqs.remove(lines[name])
+                report, rung = " ".join(error.split())[-600:], "dropped"
+            if imported is None:
+                imported = (await asyncio.to_thread(self.imports, self.logs))[0] or frozenset()
+            steps.append(
+                relax.Relaxation(
+                    package=name,
+                    pinned=lines.get(name, f"{name} (a dependency)"),
+                    rung=rung,
+                    imported=name.replace("-", "_") in imported,
+                    conflict=report,
+                )
+            )
+            options = [o for n in wheels for o in (f"--exclude-newer-package={n}=false",
+                                                   f"--only-binary={n}")]  # fmt: skip
+            try:
+                await self._install(sb, reqs, options)
+                return steps
+            except BuildError as e:
+                failed = e
+        raise failed
 
     async def _install_relaxed(
         self, sb: Sandbox, strict: BuildError

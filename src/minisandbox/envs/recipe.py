@@ -20,6 +20,7 @@ from minisandbox.utils.hashing import content_digest
 _KEY_FORMAT = 1
 _PYTHON_VERSION = re.compile(r"\d+\.\d+(\.\d+)?")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PACKAGE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 
 
 def one_line(value: str) -> str:
@@ -52,6 +53,12 @@ class FromRepository(BaseModel):
         description="infer the Python version and the requirements from the repository "
         "(setup.py, setup.cfg, pyproject.toml, requirements files, tox.ini, CI files)",
     )
+    runner: list[str] = Field(
+        default_factory=list,
+        description="what the task's test command needs of its runner (`pytest>=4.5` for "
+        "`-rA`): it replaces a repository line of the same package that does not allow it, "
+        "and is resolved no earlier than its release (tasks.repo_recipes.RUNNER_RELEASES)",
+    )
 
 
 class EnvRecipe(BaseModel):
@@ -81,6 +88,11 @@ class EnvRecipe(BaseModel):
         description="resolve the requirements as of this UTC time (uv --exclude-newer): "
         "what was current then, for requirements that do not pin",
     )
+    as_of_packages: dict[str, str] = Field(
+        default_factory=dict,
+        description="packages resolved as of a later time than `as_of` (name -> time): the "
+        "test runner a task's command needs, and what it depends on",
+    )
     from_repository: FromRepository | None = Field(
         default=None, description="what to read from the repository before building"
     )
@@ -109,6 +121,14 @@ class EnvRecipe(BaseModel):
     @classmethod
     def _check_as_of(cls, value: str | None) -> str | None:
         return None if value is None else as_of_date(value)
+
+    @field_validator("as_of_packages")
+    @classmethod
+    def _check_as_of_packages(cls, value: dict[str, str]) -> dict[str, str]:
+        for name in value:
+            if not _PACKAGE_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a package name")
+        return {name: as_of_date(when) for name, when in sorted(value.items())}
 
     @field_validator("requirements", "pip_options")
     @classmethod
@@ -167,4 +187,6 @@ class EnvRecipe(BaseModel):
             canonical["relax_pins"] = True
         if self.as_of:  # (likewise)
             canonical["as_of"] = self.as_of
+        if self.as_of_packages:  # (likewise)
+            canonical["as_of_packages"] = dict(self.as_of_packages)
         return content_digest(canonical)

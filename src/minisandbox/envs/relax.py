@@ -63,6 +63,15 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+def failed_build(error: str) -> tuple[str, str] | None:
+    """The package whose build uv's report says failed (normalised), and the report from
+    there on; None when it says no build failed."""
+    built = _FAILED_BUILD.search(error)
+    if built is None:
+        return None
+    return normalise(built.group(1)), " ".join(error[built.start() :].split())[:600]
+
+
 def _parse(line: str) -> Requirement | None:
     """The requirement a line states; None for an option, a URL requirement or anything
     `packaging` cannot read (such lines are kept as they are, never relaxed)."""

@@ -82,6 +82,11 @@ _TEST_REQUIREMENT_FILES = (
     "dev-requirements.txt",
     "dev_requirements.txt",
     "requirements/dev.txt",
+    # astropy's convention (and its affiliated packages'): no .txt, its dev file includes the
+    # build requirements (Cython, jinja2) a legacy setup.py would fetch undated otherwise.
+    "pip-requirements-dev",
+    "pip-requirements-test",
+    "pip-requirements",
 )
 # Conda environment files the test CI installs (xarray's tests need dask, listed only there).
 _TEST_ENVIRONMENT_FILES = (
@@ -97,6 +102,23 @@ _CLASSIFIER = re.compile(r"Programming Language :: Python :: (3\.\d+)\b")
 _TOX_ENV = re.compile(r"\bpy(3\.?\d+)\b")
 _CI_VERSION = re.compile(r"""(?<![\d.])['"]?(3\.\d{1,2})['"]?(?![\d.])""")
 _PYTHON_REQUIRES = re.compile(r"""python_requires\s*=\s*(['"])([^'"]+)\1""")
+# A test runner a task's command needs a feature of (FromRepository.runner): a time after the
+# first release with it, and one when what it depends on can be installed beside it. pytest's
+# `-rA` (4.5.0, 2019-05-11) prints the PASSED lines the log parsers read; an older pytest
+# ignores the `A` and every test reads "not run" (a requests commit of 2014 dates pytest 2.x).
+# Its dependencies as of the end of 2022: atomicwrites' files were all uploaded again in July
+# 2022 (none is older), and pytest 4.6's own bounds keep the rest compatible.
+RUNNER_RELEASES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "pytest": (
+        "2019-06-15",
+        "2022-12-31",
+        (
+            "pluggy", "py", "attrs", "more-itertools", "atomicwrites", "six", "wcwidth",
+            "packaging", "pyparsing", "importlib-metadata", "zipp", "funcsigs", "pathlib2",
+            "scandir", "colorama", "configparser", "contextlib2",
+        ),
+    ),
+}  # fmt: skip
 
 
 class RecipeResolveError(MiniSandboxError):
@@ -169,6 +191,10 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
         notes["requirements"] = where
         if tree.date and as_of is None:
             as_of, notes["as_of"] = _inferred_date(tree.date, python, claimed)
+    later = dict(recipe.as_of_packages)
+    if source.runner:
+        found, runner_later = with_runner(found, source.runner, as_of, notes)
+        later.update(runner_later)
     own = {requirement_name(r) for r in recipe.requirements if "://" not in r}
     kept = [r for r in _unique(found) if "://" in r or requirement_name(r) not in own]
     # Validated as any recipe is (model_copy would not: what a repository says is input).
@@ -178,10 +204,66 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
             "python": python,
             "requirements": [*kept, *recipe.requirements],
             "as_of": as_of,
+            "as_of_packages": later,
             "from_repository": None,
             "inferred": notes,
             "skipped": skipped,
         }
+    )
+
+
+def with_runner(
+    reqs: list[str], runner: list[str], as_of: str | None, notes: dict[str, str]
+) -> tuple[list[str], dict[str, str]]:
+    """`reqs` with what the test command needs of its runner (`runner`, e.g. `pytest>=4.5`),
+    where they would not give it: a line of the same package that allows no such version
+    (the repository pinned an older pytest) is replaced by it; and when `as_of` predates the
+    runner's release (RUNNER_RELEASES), its lines are narrowed to it, and it and what it
+    depends on are resolved as of then (the second value). Lines that already give it, as
+    of a later date, are left alone. What was changed goes into `notes["runner"]`."""
+    out, later, said = list(reqs), dict[str, str](), list[str]()
+    date = _date(as_of)
+    for line in runner:
+        need = Requirement(line)
+        name = requirement_name(line)
+        release = RUNNER_RELEASES.get(need.name.lower())
+        since = _date(release[0]) if release else None
+        early = since is not None and date is not None and date < since
+        mine = [i for i, r in enumerate(out) if "://" not in r and requirement_name(r) == name]
+        for i in reversed(mine):
+            theirs = _requirement_or_none(out[i])
+            if theirs is None or not _compatible(theirs.specifier, need.specifier):
+                said.append(f"{out[i]} replaced by {line}")
+                del out[i]
+            elif early:
+                theirs.specifier &= need.specifier
+                out[i] = str(theirs)
+        if not any("://" not in r and requirement_name(r) == name for r in out):
+            out.append(line)
+        if early and release is not None:
+            later.update({need.name: release[0], **dict.fromkeys(release[2], release[1])})
+            said.append(
+                f"{line} as of {release[0]}, what it depends on as of {release[1]} (after the "
+                "commit)"
+            )
+    if said:
+        notes["runner"] = "the test command's runner: " + "; ".join(said)
+    return out, later
+
+
+def _requirement_or_none(line: str) -> Requirement | None:
+    try:
+        return Requirement(line)
+    except InvalidRequirement:
+        return None
+
+
+def _compatible(theirs: SpecifierSet, need: SpecifierSet) -> bool:
+    """Whether some version both allow: tried on the versions either names."""
+    candidates = {spec.version.rstrip(".*") for spec in (*theirs, *need)}
+    return any(
+        theirs.contains(c, prereleases=True) and need.contains(c, prereleases=True)
+        for c in candidates
     )
 
 

@@ -84,7 +84,9 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
     pre_install, install, recipe = _commands(spec, parts, recipe)
     test_cmd = _test_cmd(spec, parts, repo, test_patch)
     if recipe.from_repository is not None and recipe.from_repository.infer:
-        recipe = _runner_recipe(recipe, test_cmd)
+        recipe = _runner_recipe(_report_recipe(recipe, test_cmd, repo), test_cmd)
+        if _TOX.search(test_cmd):
+            install = [*install, _TOX_ADDOPTS_PTH]
     recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
     data = {
         "id": iid,
@@ -165,8 +167,40 @@ def _test_cmd(
     return spec_test_cmd(_DEFAULT_TEST_CMD, repo, test_patch)
 
 
+_REPORT_ALL = re.compile(r"(?:^|\s)-r[a-zA-Z]*A")  # pytest's -rA (or -rfA, ...)
+# The runner's own repository installs itself as the runner: nothing to add.
+_RUNNER_REPOSITORIES = {"pytest": "pytest-dev/pytest"}
+
+
+def _report_recipe(recipe: EnvRecipe, test_cmd: str, repo: str) -> EnvRecipe:
+    """An inferred recipe with the pytest whose summary the log parsers read: `-rA` came in
+    pytest 4.5, and an older one (what a requests commit of 2014 dates) prints no PASSED
+    lines, so every test would read "not run" (repo_recipes.with_runner)."""
+    source = recipe.from_repository
+    if source is None or not _REPORT_ALL.search(test_cmd):
+        return recipe
+    if repo == _RUNNER_REPOSITORIES["pytest"]:
+        return recipe
+    runner = source.model_copy(update={"runner": [*source.runner, "pytest>=4.5"]})
+    return recipe.model_copy(update={"from_repository": runner})
+
+
 _TOX = re.compile(r"(?:^|[\s;&|])tox(?![\w.-])")  # the command, not tox.ini
 _TOX_ENV = re.compile(r"\s-e\s*py(3)(\d+)\b")
+
+
+# tox.ini's `setenv` can set PYTEST_ADDOPTS itself (sphinx 3.x: `--color yes`), replacing the
+# `-rA` passed on: a .pth, run at the start of the interpreter tox runs pytest in (tox-current-env:
+# the environment's own), appends what MINISANDBOX_PYTEST_ADDOPTS holds when it is missing.
+_ADDOPTS_PTH_LINE = (
+    'import os; a = os.environ.get("MINISANDBOX_PYTEST_ADDOPTS", ""); '
+    'p = os.environ.get("PYTEST_ADDOPTS", ""); '
+    'a and a not in p and os.environ.__setitem__("PYTEST_ADDOPTS", (p + " " + a).strip())'
+)
+_TOX_ADDOPTS_PTH = (
+    f"printf '%s\\n' '{_ADDOPTS_PTH_LINE}' > \"$(python -c "
+    '\'import sysconfig; print(sysconfig.get_paths()["purelib"])\')/minisandbox-pytest-addopts.pth"'
+)
 
 
 def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
@@ -174,15 +208,21 @@ def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
     requirements may not list: tox (and tox-current-env for `--current-env`), on the Python
     of the tox environment it names (`-epy39`: tox-current-env refuses another). pytest under
     tox runs as the repository's tox.ini says, without the `-rA` the log parsers read (the
-    harness's image edited tox.ini): PYTEST_ADDOPTS adds it, and TOX_TESTENV_PASSENV passes it
-    through tox 3 where tox.ini does not."""
+    harness's image edited tox.ini): PYTEST_ADDOPTS adds it, TOX_TESTENV_PASSENV passes it
+    through tox 3 where tox.ini does not, and a .pth where tox.ini sets its own (the install
+    step writes it: _TOX_ADDOPTS_PTH)."""
     if not _TOX.search(test_cmd):
         return recipe
     extra = ["tox", *(["tox-current-env"] if "--current-env" in test_cmd else [])]
     update: dict[str, Any] = {
         "requirements": [*recipe.requirements, *extra],
         # tox 3 passes a variable to its commands only when tox.ini or this names it.
-        "env": {"PYTEST_ADDOPTS": "-rA", "TOX_TESTENV_PASSENV": "PYTEST_ADDOPTS", **recipe.env},
+        "env": {
+            "PYTEST_ADDOPTS": "-rA",
+            "MINISANDBOX_PYTEST_ADDOPTS": "-rA",  # for tox.ini's own PYTEST_ADDOPTS (above)
+            "TOX_TESTENV_PASSENV": "PYTEST_ADDOPTS MINISANDBOX_PYTEST_ADDOPTS",
+            **recipe.env,
+        },
     }
     env = _TOX_ENV.search(test_cmd)
     if recipe.python is None and env is not None:
