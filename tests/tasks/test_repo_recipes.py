@@ -296,6 +296,29 @@ def test_the_runner_the_test_command_needs_replaces_an_older_pin() -> None:
     assert pinned.key("3.6.15") != plain.key("3.6.15")
 
 
+def test_a_binding_conda_brought_its_library_for_comes_as_of_wheels_that_carry_it() -> None:
+    """xarray's CI conda file lists cfgrib: pip's eccodes of 2021 installs without the ecCodes
+    library conda brought, and its import raised RuntimeError in every test module (all four
+    inferred xarray Lite tasks). From a conda environment file, dated earlier: as of the
+    wheels that carry it; from a requirements file, or dated later: untouched."""
+    recipe = EnvRecipe(python="3.9", from_repository=FromRepository(infer=True))
+    conda = {"ci/requirements/environment.yml": "dependencies:\n  - cfgrib\n  - numpy\n"}
+    old = resolve(recipe, tree(conda, "2021-05-04"))
+    assert old.as_of_packages == {
+        "eccodes": "2024-11-01T00:00:00Z",
+        "findlibs": "2024-11-01T00:00:00Z",
+    }, old.as_of_packages
+    assert resolve(recipe, tree(conda, "2025-01-01")).as_of_packages == {}
+    plain = resolve(recipe, tree({"requirements-dev.txt": "cfgrib\n"}, "2021-05-04"))
+    assert plain.as_of_packages == {}
+    spec = EnvRecipe(
+        python="3.9",
+        as_of=HARNESS_AS_OF,
+        from_repository=FromRepository(environment_files=["ci/requirements/environment.yml"]),
+    )
+    assert resolve(spec, tree(conda, "2021-05-04")).as_of_packages == {}  # the harness's date
+
+
 # ---------------------------------------------------------------- the loader
 
 

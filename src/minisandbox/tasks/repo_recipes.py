@@ -32,7 +32,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from minisandbox.envs.asof import as_of_date
-from minisandbox.envs.recipe import EnvRecipe, minor_version
+from minisandbox.envs.recipe import EnvRecipe, FromRepository, minor_version
 from minisandbox.errors import MiniSandboxError
 from minisandbox.tasks.loaders.conda_exports import (
     CONDA_TO_PYPI,
@@ -102,6 +102,13 @@ _CLASSIFIER = re.compile(r"Programming Language :: Python :: (3\.\d+)\b")
 _TOX_ENV = re.compile(r"\bpy(3\.?\d+)\b")
 _CI_VERSION = re.compile(r"""(?<![\d.])['"]?(3\.\d{1,2})['"]?(?![\d.])""")
 _PYTHON_REQUIRES = re.compile(r"""python_requires\s*=\s*(['"])([^'"]+)\1""")
+# Python bindings of a C library that conda installs beside them, whose PyPI wheels carry the
+# library only from a later release: eccodes from 2.38 (October 2024); an older one installs,
+# then its import raises RuntimeError ("Cannot find the ecCodes library"), which a test
+# module's importorskip does not catch (xarray's inferred recipes get it through cfgrib from
+# their CI's conda file, and every test module importing it failed to collect). A recipe from
+# a conda environment file dated earlier takes them as of then.
+BUNDLED_LIBRARIES = {"eccodes": "2024-11-01", "findlibs": "2024-11-01"}
 # A test runner a task's command needs a feature of (FromRepository.runner): a time after the
 # first release with it, and one when what it depends on can be installed beside it. pytest's
 # `-rA` (4.5.0, 2019-05-11) prints the PASSED lines the log parsers read; an older pytest
@@ -163,23 +170,9 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
         return recipe
     notes: dict[str, str] = dict(recipe.inferred)
     skipped = list(recipe.skipped)
-    found: list[str] = []
     python = recipe.python
     as_of = recipe.as_of
-    for paths, read, kind in (
-        (source.requirements_files, requirements_file, "requirements"),
-        (source.environment_files, _environment_file_at, "environment"),
-    ):
-        if not paths:
-            continue
-        path = tree.first(paths)
-        if path is None:
-            raise RecipeResolveError(
-                f"none of the {kind} files {', '.join(paths)} is in the repository at its "
-                "environment commit"
-            )
-        found += read(tree, path, skipped)
-        notes["requirements"] = ", ".join(filter(None, [notes.get("requirements"), path]))
+    found, conda = _named_files(source, tree, skipped, notes)
     if source.infer:
         claimed = python is not None  # the recipe's own: as good as a claim
         if python is None:
@@ -189,9 +182,10 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
         reqs, where = infer_requirements(tree, skipped)
         found += reqs
         notes["requirements"] = where
+        conda |= where.split(" + ")[0] in _TEST_ENVIRONMENT_FILES
         if tree.date and as_of is None:
             as_of, notes["as_of"] = _inferred_date(tree.date, python, claimed)
-    later = dict(recipe.as_of_packages)
+    later = {**recipe.as_of_packages, **(_bundled_later(as_of) if conda else {})}
     if source.runner:
         found, runner_later = with_runner(found, source.runner, as_of, notes)
         later.update(runner_later)
@@ -210,6 +204,43 @@ def resolve(recipe: EnvRecipe, tree: RepoTree) -> EnvRecipe:
             "skipped": skipped,
         }
     )
+
+
+def _named_files(
+    source: FromRepository, tree: RepoTree, skipped: list[str], notes: dict[str, str]
+) -> tuple[list[str], bool]:
+    """The requirements of the files `source` names (the first present of each kind), and
+    whether a conda environment file gave some.
+
+    Raises:
+        RecipeResolveError: none of the files of a kind is there.
+    """
+    found: list[str] = []
+    conda = False
+    for paths, read, kind in (
+        (source.requirements_files, requirements_file, "requirements"),
+        (source.environment_files, _environment_file_at, "environment"),
+    ):
+        if not paths:
+            continue
+        path = tree.first(paths)
+        if path is None:
+            raise RecipeResolveError(
+                f"none of the {kind} files {', '.join(paths)} is in the repository at its "
+                "environment commit"
+            )
+        found += read(tree, path, skipped)
+        notes["requirements"] = ", ".join(filter(None, [notes.get("requirements"), path]))
+        conda |= kind == "environment"
+    return found, conda
+
+
+def _bundled_later(as_of: str | None) -> dict[str, str]:
+    """The BUNDLED_LIBRARIES a conda file's recipe dated `as_of` takes as of later."""
+    date = _date(as_of)
+    if date is None:
+        return {}
+    return {n: d for n, d in BUNDLED_LIBRARIES.items() if date < dt.date.fromisoformat(d)}
 
 
 def with_runner(
