@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from packaging.requirements import InvalidRequirement, Requirement
-
 from minisandbox.envs import relax
 from minisandbox.envs.asof import exclude_newer
 from minisandbox.envs.kinds import format_of
@@ -36,8 +34,6 @@ from minisandbox.utils.resources import package_text
 # Also bump it when relax.py's ladder changes what a relaxed recipe installs.
 ENV_FORMAT = format_of("env")  # (envs/kinds.py)
 
-# What the repository imports at its environment commit and that commit's date (relax.py's
-# priorities and date bound), given the build's log directory; (None, None) when unknown.
 # Requirements of a dated install tried as wheels of any date, then left out (_install_undated).
 MAX_UNDATED = 8
 
@@ -49,13 +45,8 @@ def _included_by(error: str, name: str) -> str | None:
     return relax.normalise(chain[1]) if chain else None
 
 
-def _name(line: str) -> str | None:
-    try:
-        return Requirement(line).name
-    except InvalidRequirement:
-        return None
-
-
+# What the repository imports at its environment commit and that commit's date (relax.py's
+# priorities and date bound), given the build's log directory; (None, None) when unknown.
 ImportsAt = Callable[[Path], tuple[frozenset[str] | None, str | None]]
 
 
@@ -190,7 +181,7 @@ class _EnvBuild:
                 wheel was tried, nothing the recipe lists is to blame), or still failing after
                 MAX_UNDATED rounds.
         """
-        lines = {relax.normalise(n): r for r in self.recipe.requirements if (n := _name(r))}
+        lines = {n: r for r in self.recipe.requirements if (n := relax.requirement_name(r))}
         reqs, steps = list(self.recipe.requirements), list[relax.Relaxation]()
         wheels: list[str] = []
         imported: frozenset[str] | None = None

@@ -72,7 +72,7 @@ def failed_build(error: str) -> tuple[str, str] | None:
     return normalise(built.group(1)), " ".join(error[built.start() :].split())[:600]
 
 
-def _parse(line: str) -> Requirement | None:
+def parse_requirement(line: str) -> Requirement | None:
     """The requirement a line states; None for an option, a URL requirement or anything
     `packaging` cannot read (such lines are kept as they are, never relaxed)."""
     if line.lstrip().startswith("-"):
@@ -86,7 +86,7 @@ def _parse(line: str) -> Requirement | None:
 
 def requirement_name(line: str) -> str | None:
     """The normalised distribution a requirement line names (None for an option or a URL)."""
-    req = _parse(line)
+    req = parse_requirement(line)
     return normalise(req.name) if req else None
 
 
@@ -164,7 +164,7 @@ class Relaxer:
         self, requirements: list[str], imported: frozenset[str] | None, date: str | None
     ) -> None:
         self._lines = list(requirements)
-        self._reqs = [_parse(line) for line in requirements]
+        self._reqs = [parse_requirement(line) for line in requirements]
         self._imported = imported
         self._date = date
         self._order: dict[str, int] = {}

@@ -33,6 +33,7 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from minisandbox.envs.asof import as_of_date
 from minisandbox.envs.recipe import EnvRecipe, FromRepository, minor_version
+from minisandbox.envs.relax import parse_requirement
 from minisandbox.errors import MiniSandboxError
 from minisandbox.tasks.loaders.conda_exports import (
     CONDA_TO_PYPI,
@@ -262,7 +263,7 @@ def with_runner(
         early = since is not None and date is not None and date < since
         mine = [i for i, r in enumerate(out) if "://" not in r and requirement_name(r) == name]
         for i in reversed(mine):
-            theirs = _requirement_or_none(out[i])
+            theirs = parse_requirement(out[i])
             if theirs is None or not _compatible(theirs.specifier, need.specifier):
                 said.append(f"{out[i]} replaced by {line}")
                 del out[i]
@@ -280,13 +281,6 @@ def with_runner(
     if said:
         notes["runner"] = "the test command's runner: " + "; ".join(said)
     return out, later
-
-
-def _requirement_or_none(line: str) -> Requirement | None:
-    try:
-        return Requirement(line)
-    except InvalidRequirement:
-        return None
 
 
 def _compatible(theirs: SpecifierSet, need: SpecifierSet) -> bool:

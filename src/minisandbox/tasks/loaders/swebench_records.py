@@ -84,9 +84,8 @@ def swebench_task(record: dict[str, Any], where: Where, source: str, envs_dir: P
     pre_install, install, recipe = _commands(spec, parts, recipe)
     test_cmd = _test_cmd(spec, parts, repo, test_patch)
     if recipe.from_repository is not None and recipe.from_repository.infer:
-        recipe = _runner_recipe(_report_recipe(recipe, test_cmd, repo), test_cmd)
-        if _TOX.search(test_cmd):
-            install = [*install, _TOX_ADDOPTS_PTH]
+        recipe, runner_install = _runner_recipe(_report_recipe(recipe, test_cmd, repo), test_cmd)
+        install = [*install, *runner_install]
     recipe, services = apply_recipe_overrides(repo, version, recipe, recipe_overrides())
     data = {
         "id": iid,
@@ -168,8 +167,8 @@ def _test_cmd(
 
 
 _REPORT_ALL = re.compile(r"(?:^|\s)-r[a-zA-Z]*A")  # pytest's -rA (or -rfA, ...)
-# The runner's own repository installs itself as the runner: nothing to add.
-_RUNNER_REPOSITORIES = {"pytest": "pytest-dev/pytest"}
+# pytest's own repository installs itself as the runner: nothing to add.
+_PYTEST_REPOSITORY = "pytest-dev/pytest"
 
 
 def _report_recipe(recipe: EnvRecipe, test_cmd: str, repo: str) -> EnvRecipe:
@@ -179,7 +178,7 @@ def _report_recipe(recipe: EnvRecipe, test_cmd: str, repo: str) -> EnvRecipe:
     source = recipe.from_repository
     if source is None or not _REPORT_ALL.search(test_cmd):
         return recipe
-    if repo == _RUNNER_REPOSITORIES["pytest"]:
+    if repo == _PYTEST_REPOSITORY:
         return recipe
     runner = source.model_copy(update={"runner": [*source.runner, "pytest>=4.5"]})
     return recipe.model_copy(update={"from_repository": runner})
@@ -203,16 +202,16 @@ _TOX_ADDOPTS_PTH = (
 )
 
 
-def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
+def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> tuple[EnvRecipe, list[str]]:
     """An inferred recipe with what the record's test command runs that the repository's own
     requirements may not list: tox (and tox-current-env for `--current-env`), on the Python
     of the tox environment it names (`-epy39`: tox-current-env refuses another). pytest under
     tox runs as the repository's tox.ini says, without the `-rA` the log parsers read (the
     harness's image edited tox.ini): PYTEST_ADDOPTS adds it, TOX_TESTENV_PASSENV passes it
     through tox 3 where tox.ini does not, and a .pth where tox.ini sets its own (the install
-    step writes it: _TOX_ADDOPTS_PTH)."""
+    step writes it: _TOX_ADDOPTS_PTH). Returns the recipe and the install commands to add."""
     if not _TOX.search(test_cmd):
-        return recipe
+        return recipe, []
     extra = ["tox", *(["tox-current-env"] if "--current-env" in test_cmd else [])]
     update: dict[str, Any] = {
         "requirements": [*recipe.requirements, *extra],
@@ -229,7 +228,7 @@ def _runner_recipe(recipe: EnvRecipe, test_cmd: str) -> EnvRecipe:
         update["python"] = f"{env[1]}.{env[2]}"
         why = f"the tox environment the test command names (py{env[1]}{env[2]})"
         update["inferred"] = {**recipe.inferred, "python": f"{update['python']}: {why}"}
-    return recipe.model_copy(update=update)
+    return recipe.model_copy(update=update), [_TOX_ADDOPTS_PTH]
 
 
 def _log_parser(record: dict[str, Any], repo: str, where: Where) -> str:
