@@ -6,10 +6,13 @@ MINISANDBOX_CACHE / MINISANDBOX_GIT_MIRROR naming the suite's built example task
 cannot run in CI as written says so in an HTML comment on the line right before its fence:
 
     <!-- docs-test: slow -->             runs only in the slow set (pytest -m slow)
-    <!-- docs-test: skip (why) -->       never runs here (a dataset, the network, SWE-agent...)
+    <!-- docs-test: skip (why) -->       never runs here (a dataset, the network, a model key...)
+    <!-- docs-test: stack NAME -->       runs in that integration stack's own venv, by
+                                         `scripts/test-stack NAME` (.ci/stacks/NAME.toml lists
+                                         tests/test_docs.py), and is skipped everywhere else
 
-Any other block that fails fails the test. Other fences (```text, ```json, ```yaml, bare) are
-output or configuration, not programs, and are not run.
+Any other block that fails fails the test. Other fences (```text, ```json, bare) are output, not
+programs, and are not run; every ```yaml block must parse.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ DEADLINE = 240  # seconds per block
 # backtick, so inline ```` ```bash ```` in prose is not one).
 FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^`\s]*)[^`]*$")
 MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
-MARKER_VALUE = re.compile(r"^(slow|skip \((?P<reason>[^)]+(?:\([^)]*\)[^)]*)*)\))$")
+MARKER_VALUE = re.compile(
+    r"^(slow|skip \((?P<reason>[^)]+(?:\([^)]*\)[^)]*)*)\)|stack (?P<stack>[a-z0-9_]+))$"
+)
+# Set by scripts/test-stack: the stack whose venv runs this suite (its blocks run, no others).
+STACK = os.environ.get("MINISANDBOX_STACK")
 
 
 @dataclass(frozen=True)
@@ -94,11 +101,60 @@ def params() -> Iterator[object]:
     for b in BLOCKS:
         marks: list[pytest.MarkDecorator] = []
         m = MARKER_VALUE.match(b.marker or "")
+        stack = m.group("stack") if m else None
         if b.marker == "slow":
             marks.append(pytest.mark.slow)
         elif m and m.group("reason"):
             marks.append(pytest.mark.skip(reason=f"docs-test: {m.group('reason')}"))
+        elif stack and stack != STACK:
+            marks.append(pytest.mark.skip(reason=f"docs-test: runs by scripts/test-stack {stack}"))
+        if STACK and stack != STACK:
+            marks.append(pytest.mark.skip(reason=f"not a block of the {STACK} stack"))
         yield pytest.param(b, id=b.id, marks=marks)
+
+
+def test_stack_markers_name_stacks() -> None:
+    stacks = {p.stem for p in (ROOT / ".ci" / "stacks").glob("*.toml")}
+    bad = [
+        f"{b.id}: {m.group('stack')}"
+        for b in BLOCKS
+        if (m := MARKER_VALUE.match(b.marker or ""))
+        and m.group("stack")
+        and m.group("stack") not in stacks
+    ]
+    assert not bad, "docs-test: stack markers naming no .ci/stacks/NAME.toml: " + ", ".join(bad)
+
+
+def yaml_blocks(path: Path) -> list[tuple[int, str]]:
+    """(line of the fence, text) of each ```yaml / ```yml block of `path`."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and lines[end].strip() != m.group(1):
+            end += 1
+        if m.group(2).lower() in ("yaml", "yml"):
+            found.append((i + 1, "\n".join(lines[i + 1 : end])))
+        i = end + 1
+    return found
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_yaml_blocks_parse(path: Path) -> None:
+    """Configuration the docs show is configuration a user can paste: it must be YAML."""
+    import yaml
+
+    bad = []
+    for line, text in yaml_blocks(path):
+        try:
+            list(yaml.safe_load_all(text))
+        except yaml.YAMLError as e:
+            bad.append(f"{path.relative_to(ROOT)}:{line}: {str(e).splitlines()[0]}")
+    assert not bad, "yaml blocks that do not parse: " + "; ".join(bad)
 
 
 def test_markers_are_well_formed() -> None:
@@ -213,6 +269,9 @@ def test_block_runs(block: Block, docs_env: dict[str, str], workdir: Path) -> No
     )
 
 
+@pytest.mark.skipif(
+    bool(STACK), reason="generated from the main venv's modules (a stack venv lacks some extras)"
+)
 def test_the_api_reference_is_current() -> None:
     # docs/api.md is generated from the docstrings: a changed docstring or signature without
     # a regenerated reference fails here, naming the command.
