@@ -22,7 +22,7 @@ from minisandbox.integrations.sweagent import register
 register()
 sweagent = pytest.importorskip(
     "sweagent",
-    reason="SWE-agent is not installed (not on PyPI: pip install -e <a clone of its repository>)",
+    reason="SWE-agent is not installed (not on PyPI): scripts/test-stack sweagent",
 )
 
 from minisandbox.evaluation.evaluator import Evaluator  # noqa: E402
@@ -71,57 +71,83 @@ def _tool_call(i: int, name: str, args: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _run_batch(
-    tmp: Path, task: Task, actions: list[dict[str, Any]], settings: BuildSettings
-) -> dict[str, Any]:
-    """`python -m minisandbox.integrations.sweagent run-batch` on one SWE-bench-style instance
-    (named by its official image), replaying `actions`; returns SWE-agent's preds.json."""
-    replay = tmp / "replay.jsonl"
-    replay.write_text(json.dumps({task.id: actions}) + "\n")
-    instances = tmp / "instances.json"
-    instances.write_text(
-        json.dumps(
-            [
-                {
-                    "image_name": IMAGE,
-                    "problem_statement": task.problem_statement,
-                    "instance_id": task.id,
-                    "repo_name": "testbed",
-                    "base_commit": task.base_commit,
-                }
-            ]
-        )
-    )
-    out = tmp / "out"
-    env = {
+def _doc_yaml() -> str:
+    """The batch config docs/integrations/sweagent.md shows (its first YAML block)."""
+    doc = (
+        Path(__file__).resolve().parents[2] / "docs" / "integrations" / "sweagent.md"
+    ).read_text()
+    return doc.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+def _env(settings: BuildSettings) -> dict[str, str]:
+    return {
         **os.environ,
         "MINISANDBOX_STORE": str(settings.store),
         "MINISANDBOX_CACHE": str(settings.cache),
         "MINISANDBOX_GIT_MIRROR": str(settings.git_mirror),
     }
-    proc = subprocess.run(
+
+
+# SWE-agent 1.1.0's default tools, less edit_anthropic: its install.sh fails without network
+# (`pip install tree-sitter`; SWE-agent ignores that failure from its next release on). The
+# sandboxes here are offline; `deployment.network: true` would let the default tools install.
+OFFLINE_TOOLS = """\
+agent:
+  tools:
+    bundles:
+      - path: tools/registry
+      - path: tools/windowed
+      - path: tools/review_on_submit_m
+    env_variables:
+      WINDOW: 100
+      OVERLAP: 2
+"""
+
+
+def _sweagent(tmp: Path, settings: BuildSettings, *args: str) -> subprocess.CompletedProcess:
+    (tmp / "offline.yaml").write_text(OFFLINE_TOOLS)
+    return subprocess.run(
         [
             sys.executable,
             "-m",
             "minisandbox.integrations.sweagent",
-            "run-batch",
+            *args,
             f"--config={Path(sweagent.CONFIG_DIR) / 'default.yaml'}",
+            f"--config={tmp / 'offline.yaml'}",
             "--agent.model.name=replay",
-            f"--agent.model.replay_path={replay}",
-            "--instances.type=file",
-            f"--instances.path={instances}",
-            "--instances.deployment.type=minisandbox",
-            f"--output_dir={out}",
-            "--num_workers=1",
+            f"--agent.model.replay_path={tmp / 'replay.jsonl'}",
+            f"--output_dir={tmp / 'out'}",
         ],
-        env=env,
+        cwd=tmp,
+        env=_env(settings),
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=300,
     )
+
+
+def _run_batch(
+    tmp: Path, task: Task, actions: list[dict[str, Any]], settings: BuildSettings
+) -> dict[str, Any]:
+    """`python -m minisandbox.integrations.sweagent run-batch` with the documented YAML config
+    on one SWE-bench-style instance (named by its official image, without `repo_name`),
+    replaying `actions`; returns SWE-agent's preds.json."""
+    (tmp / "replay.jsonl").write_text(json.dumps({task.id: actions}) + "\n")
+    (tmp / "batch.yaml").write_text(_doc_yaml())
+    instance = {
+        "image_name": IMAGE,
+        "problem_statement": task.problem_statement,
+        "instance_id": task.id,
+    }
+    (tmp / "instances.json").write_text(json.dumps([instance]))
+    proc = _sweagent(tmp, settings, "run-batch", "--config=batch.yaml", "--num_workers=1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    preds = out / "preds.json"
+    preds = tmp / "out" / "preds.json"
     assert preds.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    traj = json.loads((tmp / "out" / task.id / f"{task.id}.traj").read_text())
+    # Each replayed action is one step: none failed and was retried (SWE-agent's submit
+    # asserted on every step when it did not know the repository).
+    assert len(traj["trajectory"]) == len(actions), [s["observation"] for s in traj["trajectory"]]
     return json.loads(preds.read_text())
 
 
@@ -134,7 +160,7 @@ async def test_sweagent_gold_patch_resolves(
     built: list, settings: BuildSettings, task: Task, tmp_path: Path
 ) -> None:
     """The replayed agent applies the gold patch with SWE-agent's bash tool, checks it with its
-    str_replace_editor tool (Python tools run in the sandbox), submits twice (the review
+    `open` tool (Python tools run in the sandbox), submits twice (the review
     step of the default config); the evaluator resolves the submission."""
     apply = (
         "cd /testbed && cat > /tmp/fix.patch <<'EOF_FIX'\n"
@@ -143,7 +169,7 @@ async def test_sweagent_gold_patch_resolves(
     )
     actions = [
         _tool_call(1, "bash", {"command": apply}),
-        _tool_call(2, "str_replace_editor", {"command": "view", "path": SOURCE}),
+        _tool_call(2, "open", {"path": SOURCE}),
         _tool_call(3, "submit", {}),
         _tool_call(4, "submit", {}),
     ]
@@ -152,8 +178,61 @@ async def test_sweagent_gold_patch_resolves(
     assert patch.strip() == task.gold_patch.strip()
     traj = json.loads((tmp_path / "out" / task.id / f"{task.id}.traj").read_text())
     viewed = traj["trajectory"][1]["observation"]
-    assert "row[-1]" in viewed, viewed  # the editor tool ran and saw the patched file
+    assert "row[-1]" in viewed, viewed  # the `open` tool ran and saw the patched file
     assert await _reward(task, patch, settings) == 1.0
+
+
+async def test_single_run_takes_the_task_and_keys_predictions_by_its_id(
+    built: list, settings: BuildSettings, task: Task, tmp_path: Path
+) -> None:
+    """`run` with only `--env.deployment.task`: the task's problem statement, its repository,
+    and preds.json keyed by the task id, which `minisandbox eval` reads."""
+    apply = f"cd /testbed && git apply <<'EOF_FIX'\n{task.gold_patch}EOF_FIX"
+    actions = [_tool_call(1, "bash", {"command": apply}), _tool_call(2, "submit", {})]
+    actions.append(_tool_call(3, "submit", {}))
+    (tmp_path / "replay.jsonl").write_text(json.dumps({task.id: actions}) + "\n")
+    proc = _sweagent(
+        tmp_path,
+        settings,
+        "run",
+        "--env.deployment.type=minisandbox",
+        f"--env.deployment.task={TASK}",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    preds_path = tmp_path / "out" / "preds.json"
+    preds = json.loads(preds_path.read_text())
+    assert list(preds) == [task.id]
+    traj = json.loads((tmp_path / "out" / task.id / f"{task.id}.traj").read_text())
+    assert task.problem_statement.strip()[:60] in json.dumps(traj["history"])
+    eval_proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minisandbox.cli",
+            "eval",
+            "examples",
+            "--predictions",
+            str(preds_path),
+        ],
+        env=_env(settings),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert eval_proc.returncode == 0, eval_proc.stdout[-2000:] + eval_proc.stderr[-2000:]
+    assert await _reward(task, preds[task.id]["model_patch"], settings) == 1.0
+
+
+def test_plain_deployment_without_a_repository_fails_before_the_model(
+    settings: BuildSettings, tmp_path: Path
+) -> None:
+    (tmp_path / "replay.jsonl").write_text(json.dumps({"x": [_tool_call(1, "submit", {})]}) + "\n")
+    proc = _sweagent(
+        tmp_path, settings, "run", "--env.deployment.type=minisandbox", "--problem_statement.text=x"
+    )
+    assert proc.returncode != 0
+    assert "minisandbox: " in proc.stderr and "env.repo" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.traj"))
 
 
 async def test_sweagent_empty_submission_scores_zero(

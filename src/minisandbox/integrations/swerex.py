@@ -12,6 +12,12 @@ Semantics follow swerex's LocalRuntime: its request and response models, its exc
 pexpect reads them). Sessions are our ShellSessions (a bash on a real pty inside the sandbox):
 outputs come without the pty's stray carriage returns that LocalRuntime leaves in.
 
+As a config: `deployment_config(data)` validates a deployment's settings (a dict, e.g. from
+YAML) through our config for `type: minisandbox` and SWE-ReX's union for its own types, and
+refuses what SWE-ReX would silently take for a Daytona deployment (its config has no `type`:
+any unknown `type`, e.g. `minisandbox` before `register()`, ends up there). `register()` makes
+SWE-ReX's own union accept `type: minisandbox` for code that reads it afterwards.
+
 Callers such as SWE-agent drive the runtime through `asyncio.run()`, a fresh event loop per
 call, while a sandbox belongs to the loop that started it. Every sandbox therefore lives on one
 background loop (a daemon thread) and the public methods hand their work to it.
@@ -21,11 +27,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import typing
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 try:
+    from swerex.deployment import config as _swerex_config
     from swerex.deployment.abstract import AbstractDeployment
     from swerex.deployment.hooks.abstract import CombinedDeploymentHook, DeploymentHook
     from swerex.exceptions import DeploymentNotStartedError, DeploymentStartupError
@@ -48,7 +57,14 @@ from minisandbox.sandbox.config import Limits
 from minisandbox.sandbox.rootfs import DEFAULT_PATH
 from minisandbox.sandbox.sync import on_loop
 
-__all__ = ["MiniSandboxDeployment", "MiniSandboxDeploymentConfig", "MiniSandboxRuntime"]
+__all__ = [
+    "MiniSandboxDeployment",
+    "MiniSandboxDeploymentConfig",
+    "MiniSandboxRuntime",
+    "deployment_config",
+    "register",
+    "registered",
+]
 
 # A plain sandbox's directory on PATH for a `python` alias (tools' shebangs ask for one).
 _ALIAS_DIR = "/root/.local/bin"
@@ -196,3 +212,63 @@ class MiniSandboxDeployment(AbstractDeployment):
 
     async def evaluate(self, patch: str | None = None, *, timeout: float = 1800.0) -> Any:
         return await on_loop(self.task_sandbox.evaluate(patch, timeout=timeout))
+
+
+# ---------------------------------------------------------------- configs
+
+
+def registered() -> bool:
+    """Whether SWE-ReX's DeploymentConfig union accepts `type: minisandbox`."""
+    return MiniSandboxDeploymentConfig in typing.get_args(_swerex_config.DeploymentConfig)
+
+
+def register() -> None:
+    """Add `type: minisandbox` to SWE-ReX's DeploymentConfig union, for code that reads the
+    union afterwards (`swerex.deployment.config.DeploymentConfig`; a module that imported the
+    name before keeps the old union: for SWE-agent use integrations.sweagent.register()).
+    Idempotent."""
+    if not registered():
+        # The union, widened at run time (a type alias to mypy).
+        _swerex_config.DeploymentConfig = (  # type: ignore[assignment,misc]
+            _swerex_config.DeploymentConfig | MiniSandboxDeploymentConfig
+        )
+
+
+def _types() -> dict[str, type[BaseModel]]:
+    """The config classes of SWE-ReX's union (and ours) by their `type`."""
+    found: dict[str, type[BaseModel]] = {"minisandbox": MiniSandboxDeploymentConfig}
+    for cls in typing.get_args(_swerex_config.DeploymentConfig):
+        field = cls.model_fields.get("type")
+        if field is not None and isinstance(field.default, str):
+            found[field.default] = cls
+    return found
+
+
+def deployment_config(data: Mapping[str, Any]) -> BaseModel:
+    """A deployment's settings (`deployment:` of a YAML config, as a dict) as a config object
+    whose `get_deployment()` makes the deployment: ours for `type: minisandbox`, else SWE-ReX's.
+    Unlike validating with SWE-ReX's union, an unknown or missing `type` is an error (there it
+    silently becomes a Daytona deployment, the one config without a `type`; a Daytona config
+    is accepted when its keys are all Daytona's).
+
+    Raises:
+        ValueError: no or an unknown `type`, or settings the type's config does not accept
+            (pydantic's ValidationError, a ValueError).
+    """
+    kinds = _types()
+    kind = data.get("type")
+    if kind is None:
+        daytona = getattr(_swerex_config, "DaytonaDeploymentConfig", None)
+        if daytona is not None and data and set(data) <= set(daytona.model_fields):
+            return TypeAdapter(daytona).validate_python(dict(data))
+        raise ValueError(
+            "deployment: no `type`: add `type: minisandbox` (or one of "
+            f"{', '.join(sorted(kinds))}); without it SWE-ReX takes the settings for a Daytona "
+            "deployment"
+        )
+    if kind not in kinds:
+        raise ValueError(
+            f"deployment: unknown type {kind!r}: one of {', '.join(sorted(kinds))} "
+            "(SWE-ReX would take it for a Daytona deployment)"
+        )
+    return kinds[kind].model_validate(dict(data))

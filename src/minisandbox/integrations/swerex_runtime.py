@@ -95,6 +95,8 @@ class _Session:
         self.lock = asyncio.Lock()
         # The request's startup files, sourced again when an interrupt restarts the shell.
         self.startup: tuple[str, float] | None = None
+        # bash's report of a job the last interrupt killed, for the next command's output.
+        self.report = ""
 
 
 class MiniSandboxRuntime(AbstractRuntime):
@@ -160,7 +162,7 @@ class MiniSandboxRuntime(AbstractRuntime):
                 return await self._interrupt(session, action)
             if action.is_interactive_command or action.is_interactive_quit:
                 return await self._run_interactive(session.shell, action)
-            r = await self._run_normal(session.shell, action)
+            r = await self._run_normal(session, action)
         if action.check == "raise" and r.exit_code != 0:
             msg = (
                 f"Command {action.command!r} failed with exit code {r.exit_code}. "
@@ -195,11 +197,15 @@ class MiniSandboxRuntime(AbstractRuntime):
                 f"timeout after {timeout} seconds while running command {command!r}"
             ) from e
 
-    async def _run_normal(self, shell: SessionAPI, action: BashAction) -> BashObservation:
+    async def _run_normal(self, session: _Session, action: BashAction) -> BashObservation:
+        shell = session.shell
         if not shell.busy:
             await self._check_syntax(action.command)
         r = await self._send_or_run(shell, action.command, action.expect, action.timeout)
         output = _clean(r.output, r.match)
+        if session.report and r.match is None:
+            # Where swerex's session shows it: after the command's output, before the prompt.
+            output, session.report = output + session.report, ""
         expect_string = self._expect_string(action.expect, r.match)
         if action.check == "ignore":
             return BashObservation(output=output, exit_code=None, expect_string=expect_string)
@@ -229,7 +235,7 @@ class MiniSandboxRuntime(AbstractRuntime):
                 # Ctrl-C to a program that keeps running (a REPL): wait for its prompt.
                 r = await shell.send("\x03", expect=action.expect, timeout=timeout)
             else:
-                r = await _stop_foreground_job(shell, timeout)
+                r, session.report = await _stop_foreground_job(shell, timeout)
             if r.restarted and session.startup is not None:
                 # A fresh shell, as create_session left it: the startup files again.
                 command, startup_timeout = session.startup
@@ -350,31 +356,44 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
-async def _stop_foreground_job(shell: SessionAPI, timeout: float) -> SessionResult:
+async def _stop_foreground_job(shell: SessionAPI, timeout: float) -> tuple[SessionResult, str]:
     """swerex's interrupt of a plain command: Ctrl-C; if the prompt does not come back (a
     pager, a program that ignores SIGINT), Ctrl-Z and `kill -9` of that job, so that bash
-    reports it "Stopped", then "Killed", as it does in swerex. Where even Ctrl-Z brings no
-    prompt, ShellSession.interrupt kills the job, or restarts the shell.
+    reports it "Stopped", then "Killed". Where even Ctrl-Z brings no prompt,
+    ShellSession.interrupt kills the job, or restarts the shell.
+
+    Returns what was printed and, apart, bash's "Killed" report: swerex's session sees that
+    report in the next command's output (bash prints it at the prompt after the job was
+    reaped, which with pexpect is almost always the next one), so the caller hands it on.
+    Waiting here until the job is gone makes that independent of the machine's load.
 
     Raises:
         CommandTimeoutError, SessionError: as ShellSession.interrupt.
     """
     try:
-        return await shell.send("\x03", timeout=timeout)
+        return await shell.send("\x03", timeout=timeout), ""
     except errors.CommandTimeoutError:
         pass
     try:
         stopped = await shell.send("\x1a", timeout=timeout)
     except errors.CommandTimeoutError:
-        return await shell.interrupt(timeout=timeout)
+        return await shell.interrupt(timeout=timeout), ""
     if "Stopped" not in stopped.output:  # it ended by itself meanwhile: no job to kill (%%
-        return stopped  # would then be the agent's last background job)
-    printed = [stopped.output, (await shell.send("kill -9 %%\n", timeout=timeout)).output]
-    # bash reports the job's end at a prompt once it has reaped it: a few empty lines give it
-    # the chance (bounded: otherwise the report comes with the next command, as in bash).
-    for _ in range(20):
-        if "Killed" in "".join(printed):
-            break
-        await asyncio.sleep(0.05)
-        printed.append((await shell.send("\n", timeout=timeout)).output)
-    return SessionResult(output="".join(printed), exit_code=0)
+        return stopped, ""  # would then be the agent's last background job)
+    killed = await shell.send(_KILL_STOPPED_JOB, timeout=max(timeout, _KILL_WAIT + 5.0))
+    report = "".join(line for line in killed.output.splitlines(keepends=True) if "Killed" in line)
+    rest = "".join(line for line in killed.output.splitlines(keepends=True) if "Killed" not in line)
+    return SessionResult(output=stopped.output + rest, exit_code=0), report
+
+
+# Seconds the interrupt waits for a SIGKILLed job to be gone.
+_KILL_WAIT = 20.0
+# `kill -9` of the stopped job, then a wait (bounded) until bash no longer lists it running or
+# stopped: bash has reaped it and prints its "Killed" report before the next prompt, this
+# command's, whatever the machine's load ($(jobs) in a subshell sees the shell's job table).
+_KILL_STOPPED_JOB = (
+    "kill -9 %%; for _ in {1.."
+    + str(int(_KILL_WAIT * 100))
+    + '}; do [ -n "$(jobs -r %% 2>/dev/null)$(jobs -s %% 2>/dev/null)" ] || break; '
+    "sleep 0.01; done\n"
+)
