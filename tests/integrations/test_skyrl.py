@@ -11,7 +11,12 @@ import pytest
 os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
 skyrl_gym = pytest.importorskip("skyrl_gym", reason="skyrl-gym is not installed (extra: skyrl)")
 
-from minisandbox.integrations.skyrl import ENV_ID, MiniSandboxSWEEnv, run_rollout  # noqa: E402
+from minisandbox.integrations.skyrl import (  # noqa: E402
+    ENV_ID,
+    MiniSandboxSWEEnv,
+    MiniSandboxSWEEnvConfig,
+    run_rollout,
+)
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 
@@ -80,6 +85,33 @@ def test_gym_env_max_turns_without_submission_reward_0(builder: Builder) -> None
         assert env.result is not None and env.result.empty_patch
     finally:
         env.close()
+
+
+def test_gym_env_settings_and_turn_limit(builder: Builder) -> None:
+    """The environment's settings are MiniSandboxSWEEnvConfig's: a dataclass, a dict or an
+    OmegaConf node; a misspelt key or a turn limit below 1 is refused, naming the config line."""
+    from omegaconf import OmegaConf
+
+    with pytest.raises(
+        ValueError, match=r"skyrl_gym\.minisandbox_swe: unknown settings \['timout'\]"
+    ):
+        MiniSandboxSWEEnv({"timout": 5}, {"task": TASK}, builder=builder)
+    with pytest.raises(ValueError, match=r"generator\.max_turns \(extras\.max_turns\).* got 0"):
+        MiniSandboxSWEEnv({}, {"task": TASK, "max_turns": 0}, builder=builder)
+    with pytest.raises(ValueError, match=r"minisandbox_swe\.max_turns must be .* got -1"):
+        MiniSandboxSWEEnv({"max_turns": -1}, {"task": TASK}, builder=builder)
+    cases = [
+        (MiniSandboxSWEEnvConfig(max_turns=4), {}, 4),
+        (OmegaConf.create({"max_turns": 4, "sandbox": {"network": False}}), {}, 4),
+        ({"max_turns": 4}, {"max_turns": 9}, 9),  # SkyRL's generator.max_turns wins
+        (None, {}, MiniSandboxSWEEnvConfig().max_turns),
+    ]
+    for env_config, extras, want in cases:
+        env = MiniSandboxSWEEnv(env_config, {"task": TASK, **extras}, builder=builder)
+        try:
+            assert env.max_turns == want
+        finally:
+            env.close()
 
 
 def test_rollout_with_mini_swe_agent(builder: Builder) -> None:

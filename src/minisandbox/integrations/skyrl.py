@@ -5,7 +5,9 @@ Two pieces, both thin:
 - `MiniSandboxSWEEnv`, a skyrl-gym text environment (registered as "minisandbox_swe"): one
   episode is one task sandbox, each model turn's last bash code block is run in it, and the
   episode ends when the agent submits (`echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT` first) or
-  runs out of turns; the final step's reward is the task's evaluation reward.
+  runs out of turns; the final step's reward is the task's evaluation reward. Its settings are
+  `MiniSandboxSWEEnvConfig` (SkyRL's `environment.skyrl_gym.minisandbox_swe`, which SkyRL's
+  trainer accepts through `minisandbox.integrations.skyrl_train`'s entrypoint).
 - `run_rollout`, a mini-swe-agent rollout on `MiniSandboxEnvironment` returning what SkyRL's
   mini-swe-agent generator consumes (the trajectory messages, the reward, an error), plus the
   patch. `evaluate_trajectory`/`get_sb_environment` mirror that example's helpers' signatures.
@@ -14,9 +16,11 @@ Two pieces, both thin:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +40,75 @@ ENV_ID = "minisandbox_swe"
 _BLOCK = re.compile(r"```(?:mswea_bash_command|bash|sh)?[ \t]*\n(.*?)\n?```", re.DOTALL)
 
 
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    """A setting from a dict, an OmegaConf DictConfig or a dataclass."""
+# Where SkyRL's config holds this environment's settings (skyrl_gym's generator passes them
+# as `env_config`), for error messages that name the line to fix.
+CONFIG_PATH = f"environment.skyrl_gym.{ENV_ID}"
+
+
+@dataclass
+class MiniSandboxSWEEnvConfig:
+    """The settings of a `minisandbox_swe` episode: SkyRL's `environment.skyrl_gym.
+    minisandbox_swe` section (also read by the mini-swe-agent generator in `skyrl_train`)."""
+
+    dataset: str = DEFAULT_DATASET
+    """Where tasks are looked up: "examples", a records/task file, or a Hugging Face dataset
+    (see `load_tasks`); a row's `extras.dataset` overrides it."""
+    timeout: int = 60
+    """Seconds per command."""
+    eval_timeout: float = 1800.0
+    """Seconds for grading a submission (the task's tests in a fresh sandbox)."""
+    max_turns: int = 50
+    """Turns per episode when a row's extras have no `max_turns`. SkyRL's generators always
+    set it (from `generator.max_turns`), so this applies to environments made by hand."""
+    sandbox: dict[str, Any] = field(default_factory=dict)
+    """`SandboxConfig` fields for the task sandboxes, e.g. `{network: false}`."""
+    cluster: str | None = None
+    """Run the sandboxes on the sandbox pool of this Ray cluster ("auto": the cluster this
+    process is part of; docs/cluster.md); None: on this machine."""
+
+
+def env_config_of(cfg: Any) -> MiniSandboxSWEEnvConfig:
+    """`cfg` (None, a `MiniSandboxSWEEnvConfig`, another dataclass, a dict or an OmegaConf
+    DictConfig) as a `MiniSandboxSWEEnvConfig`.
+
+    Raises:
+        ValueError: a key that is not a setting (a typo would silently fall back to a default).
+    """
+    if isinstance(cfg, MiniSandboxSWEEnvConfig):
+        return cfg
     if cfg is None:
-        return default
-    value = cfg.get(key, default) if hasattr(cfg, "get") else getattr(cfg, key, default)
-    return default if value is None else value
+        return MiniSandboxSWEEnvConfig()
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        values = dataclasses.asdict(cfg)
+    elif isinstance(cfg, Mapping):
+        values = dict(cfg)
+    elif hasattr(cfg, "items"):  # an OmegaConf DictConfig
+        values = dict(cfg.items())
+    else:
+        raise ValueError(f"{CONFIG_PATH}: expected a mapping of settings, got {type(cfg).__name__}")
+    known = {f.name for f in dataclasses.fields(MiniSandboxSWEEnvConfig)}
+    if unknown := sorted(set(values) - known):
+        raise ValueError(
+            f"{CONFIG_PATH}: unknown settings {unknown}; the settings are {sorted(known)}"
+        )
+    values["sandbox"] = dict(values.get("sandbox") or {})
+    return MiniSandboxSWEEnvConfig(**{k: v for k, v in values.items() if v is not None})
+
+
+def turn_limit(extras: Mapping[str, Any], default: int) -> int:
+    """The episode's turn limit: `extras["max_turns"]` (SkyRL's generators set it on every row
+    from `generator.max_turns`), else `default`.
+
+    Raises:
+        ValueError: the limit is not a positive integer.
+    """
+    value = extras.get("max_turns")
+    where = "generator.max_turns (extras.max_turns)"
+    if value is None:
+        value, where = default, f"{CONFIG_PATH}.max_turns"
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{where} must be a positive number of turns, got {value!r}")
+    return value
 
 
 def _task_name(extras: dict[str, Any]) -> str | None:
@@ -55,8 +122,9 @@ def _task_name(extras: dict[str, Any]) -> str | None:
 
 
 class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]  # skyrl-gym is untyped
-    """env_config: dataset, timeout, eval_timeout, max_turns, sandbox (SandboxConfig fields).
-    extras: `task` (or `instance_id`, or SkyRL's `instance` record), optional `max_turns`."""
+    """env_config: a `MiniSandboxSWEEnvConfig` (or a mapping of its fields). extras: `task` (or
+    `instance_id`, or SkyRL's `instance` record), `max_turns` (set by SkyRL's generator from
+    `generator.max_turns`), optional `dataset`."""
 
     def __init__(
         self,
@@ -70,14 +138,15 @@ class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]  # skyrl-
         task = _task_name(extras)
         if not task:
             raise ValueError("extras must name the task: task, instance_id or instance")
-        self.max_turns = int(extras.get("max_turns") or _get(env_config, "max_turns", 50))
+        cfg = env_config_of(env_config)
+        self.max_turns = turn_limit(extras, cfg.max_turns)
         self.env = MiniSandboxEnvironment(
             builder=builder,
-            dataset=str(extras.get("dataset") or _get(env_config, "dataset", DEFAULT_DATASET)),
-            timeout=int(_get(env_config, "timeout", 60)),
-            eval_timeout=float(_get(env_config, "eval_timeout", 1800.0)),
-            sandbox=dict(_get(env_config, "sandbox", {})),
-            cluster=_get(env_config, "cluster", None),
+            dataset=str(extras.get("dataset") or cfg.dataset),
+            timeout=cfg.timeout,
+            eval_timeout=cfg.eval_timeout,
+            sandbox=dict(cfg.sandbox),
+            cluster=cfg.cluster,
         )
         self.env.bind_task(task)
         self.result: EvalResult | None = None
@@ -107,19 +176,21 @@ class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]  # skyrl-
                 found = submission(output, code)
                 if found is not None:
                     self.submission = found
-                    return self._finish(action, "submitted")
+                    return self._finish("submitted")
                 text = f"<returncode>{code}</returncode>\n<output>\n{output}</output>"
         if self.turns >= self.max_turns:
-            return self._finish(action, "max_turns")
+            return self._finish("max_turns")
+        # No postprocessed_action: the model's text is kept as sampled (SkyRL's generator would
+        # otherwise warn and re-tokenize it).
         return BaseTextEnvStepOutput(
             observations=[{"role": "user", "content": text}],
             reward=0.0,
             done=False,
             metadata={},
-            postprocessed_action=action,
+            postprocessed_action=None,
         )
 
-    def _finish(self, action: str, why: str) -> BaseTextEnvStepOutput:
+    def _finish(self, why: str) -> BaseTextEnvStepOutput:
         t = time.monotonic()
         self.env.cleanup()  # grading uses a fresh sandbox: free this one first
         self.result = self.env.evaluate(self.submission or "")
@@ -129,7 +200,7 @@ class MiniSandboxSWEEnv(BaseTextEnv):  # type: ignore[misc,valid-type]  # skyrl-
             reward=self.result.reward,
             done=True,
             metadata={"exit": why, "status": self.result.status, "patch": self.submission or ""},
-            postprocessed_action=action,
+            postprocessed_action=None,
         )
 
     def get_metrics(self) -> dict[str, Any]:
