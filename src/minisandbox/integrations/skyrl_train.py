@@ -100,16 +100,13 @@ class PolicyModel:
         self.turns: list[Turn] = []
         self.context_exceeded = False
 
-    def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
-        """The policy's next reply, with its parsed action.
+    def _prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """`messages` as the policy's prompt token ids.
 
         Raises:
-            LimitsExceeded: the conversation no longer fits `generator.max_input_length`.
-            FormatError: the reply has no single action (it stays in the history, followed by
-                the format reminder, so the episode remains one token sequence).
+            LimitsExceeded: they no longer fit `generator.max_input_length`.
         """
-        from minisweagent.exceptions import FormatError, LimitsExceeded
-        from minisweagent.models.utils.actions_text import parse_regex_actions
+        from minisweagent.exceptions import LimitsExceeded
 
         chat = [{"role": m["role"], "content": m["content"]} for m in messages]
         ids = list(
@@ -130,6 +127,20 @@ class PolicyModel:
                     "extra": {"exit_status": "ContextLengthExceeded", "submission": ""},
                 }
             )
+        return ids
+
+    def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict[str, Any]:
+        """The policy's next reply, with its parsed action.
+
+        Raises:
+            LimitsExceeded: the conversation no longer fits `generator.max_input_length`.
+            FormatError: the reply has no single action (it stays in the history, followed by
+                the format reminder, so the episode remains one token sequence).
+        """
+        from minisweagent.exceptions import FormatError
+        from minisweagent.models.utils.actions_text import parse_regex_actions
+
+        ids = self._prompt_ids(messages)
         request = {
             "prompt_token_ids": [ids],
             "sampling_params": self.sampling_params,
@@ -177,7 +188,7 @@ class PolicyModel:
     ) -> list[dict[str, Any]]:
         from minisweagent.models.utils.actions_text import format_observation_messages
 
-        return format_observation_messages(  # type: ignore[no-any-return]
+        return format_observation_messages(  # type: ignore[no-any-return]  # untyped upstream
             outputs, observation_template=self.observation_template, template_vars=template_vars
         )
 
@@ -415,6 +426,15 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
 
     # ------------------------------------------------------------------ SkyRL's interface
 
+    def _traj_path(self, meta: Any, session: str) -> Path | None:
+        """Where the episode's trajectory is saved (`traj_dir`, per step and phase), or None."""
+        if not self.settings.traj_dir:
+            return None
+        step = f"step_{meta.global_step}" if meta else "step_0"
+        phase = str(meta.training_phase) if meta else "train"
+        name = re.sub(r"[^\w.-]", "_", session)
+        return Path(self.settings.traj_dir) / step / phase / f"{name}.traj.json"
+
     async def generate(self, input_batch: GeneratorInput, **kwargs: Any) -> GeneratorOutput:
         """One episode per row, in parallel (up to `environment.skyrl_gym.max_env_workers`)."""
         from skyrl.train.generators.utils import get_rollout_metrics
@@ -429,12 +449,7 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
             row["max_turns"] = self.max_turns  # as SkyRL's generator: one limit for every row
             session = ids[i].to_string() if ids else f"row{i}-{time.monotonic_ns()}"
             sessions.append(session)
-            traj_path = None
-            if self.settings.traj_dir:
-                step = f"step_{meta.global_step}" if meta else "step_0"
-                phase = str(meta.training_phase) if meta else "train"
-                name = re.sub(r"[^\w.-]", "_", session)
-                traj_path = Path(self.settings.traj_dir) / step / phase / f"{name}.traj.json"
+            traj_path = self._traj_path(meta, session)
             jobs.append(
                 loop.run_in_executor(
                     self.executor,
@@ -491,7 +506,7 @@ def load_config(argv: Sequence[str]) -> MiniSandboxTrainConfig:
         ValueError: an unknown key (SkyRL names it and the valid ones) or an invalid value.
     """
     args = [a for a in argv if not a.startswith(ENTRYPOINT_ARG)]
-    return MiniSandboxTrainConfig.from_cli_overrides(args)  # type: ignore[no-any-return]
+    return MiniSandboxTrainConfig.from_cli_overrides(args)  # type: ignore[no-any-return]  # skyrl untyped
 
 
 def make_generator(cfg: Any, tokenizer: Any, inference_engine_client: Any) -> Any:
@@ -520,7 +535,7 @@ def experiment_class() -> type:
     generators and the config do not need."""
     from skyrl.train.entrypoints.main_base import BasePPOExp
 
-    class MiniSandboxPPOExp(BasePPOExp):  # type: ignore[misc,valid-type]
+    class MiniSandboxPPOExp(BasePPOExp):  # type: ignore[misc,valid-type]  # skyrl is untyped
         def get_generator(self, cfg: Any, tokenizer: Any, inference_engine_client: Any) -> Any:
             return make_generator(cfg, tokenizer, inference_engine_client)
 
