@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,6 @@ from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 
 V2 = int(mswea.__version__.split(".")[0]) >= 2
 v2_only = pytest.mark.skipif(not V2, reason="needs mini-swe-agent 2.x (1.x is installed)")
-v1_only = pytest.mark.skipif(
-    V2, reason="needs mini-swe-agent 1.x (2.x is installed): run in a venv with 'mini-swe-agent<2'"
-)
 
 TASK = "examples__semverkit-1"
 ENV_CLASS = "minisandbox.integrations.minisweagent.MiniSandboxEnvironment"
@@ -118,8 +114,15 @@ def test_v2_execute_contract(builder: Builder) -> None:
         assert env.execute({"command": "pwd"}, cwd="/tmp")["output"] == "/tmp\n"
         r = env.execute({"command": "echo started; sleep 30"}, timeout=1)
         assert r["returncode"] == -1 and r["output"] == "started\n"
-        assert r["extra"]["exception_type"] == "CommandTimeoutError"
-        assert "timed out" in r["exception_info"]
+        # As every upstream environment reports it (LocalEnvironment's message, field for field).
+        assert r["extra"] == {
+            "exception_type": "TimeoutExpired",
+            "exception": "Command 'echo started; sleep 30' timed out after 1 seconds",
+        }
+        assert (
+            r["exception_info"]
+            == f"An error occurred while executing the command: {r['extra']['exception']}"
+        )
         # Not a submission: the marker must come first and the command must succeed.
         assert env.execute({"command": "echo x; echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"})
         r = env.execute({"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT; false"})
@@ -154,23 +157,6 @@ def test_v1_string_protocol(builder: Builder) -> None:
         env.cleanup()
 
 
-@v1_only
-def test_v1_agent_applies_gold_patch_and_submits_reward_1(builder: Builder) -> None:
-    """mini-swe-agent 1.x's own agent: string commands, it detects the submission itself."""
-    env = MiniSandboxEnvironment(builder=builder, task=TASK)
-    try:
-        outputs = [f"```bash\n{c}\n```" for c in (apply_cmd(gold_patch()), "sleep 30", SUBMIT)]
-        agent = DefaultAgent(DeterministicModel(outputs=outputs), env, step_limit=10)
-        env.config.timeout = 2  # the sleep times out: the agent is told, and goes on
-        status, submission = agent.run("fix semverkit")
-        assert status == "Submitted" and "timed out" in json.dumps(agent.messages)
-        assert env.evaluate(submission).reward == 1.0
-        assert env.evaluate("").reward == 0.0
-    finally:
-        env.cleanup()
-
-
-@v2_only
 def test_an_environment_without_a_task_is_an_error_naming_the_fix() -> None:
     """Only `environment_class` set (how users switch to docker): no silent empty sandbox."""
     env = get_environment({"environment_class": ENV_CLASS})
@@ -185,7 +171,6 @@ def test_an_environment_without_a_task_is_an_error_naming_the_fix() -> None:
         env.cleanup()
 
 
-@v2_only
 def test_plain_sandbox_without_task() -> None:
     env = get_environment({"environment_class": ENV_CLASS, "plain": True})
     try:
@@ -264,63 +249,3 @@ def test_swebench_batch_runner_without_the_directive_fails_before_any_model_call
     assert traj["info"]["exit_status"] == "TaskNotBoundError", traj["info"]
     assert "env_startup_command" in json.dumps(traj["info"])  # the line to add
     assert traj["info"]["model_stats"]["api_calls"] == 0
-
-
-# mini-swe-agent 1.x's SWE-bench batch runner, on its own: installed beside the 2.x of the dev
-# environment (its dependencies are 2.x's too) and run in a process that imports it first.
-_V1_BATCH = """
-import json, sys
-from pathlib import Path
-import minisweagent
-from minisweagent.run.extra import swebench
-from minisweagent.run.extra.utils.batch_progress import RunBatchProgressManager
-out, config, task = Path(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-instance = {"instance_id": task, "problem_statement": "fix semverkit"}
-swebench.process_instance(instance, out, config, RunBatchProgressManager(1, out / "exit.yaml"))
-print(minisweagent.__version__)
-"""
-
-
-@pytest.mark.timeout(900)
-def test_mini_swe_agent_1x_batch_runner_writes_predictions(
-    use_settings: None, tmp_path: Path
-) -> None:
-    """The supported 1.x range, installed for real: its batch runner saves the environment's
-    config with dataclasses.asdict (a pydantic model there failed every instance) and writes
-    preds.json with a patch that resolves the task."""
-    from minisandbox.utils.uv import uv_binary
-
-    target = tmp_path / "mswea1"
-    uv = [str(uv_binary()), "pip", "install", "-q", "--no-deps", "--target", str(target)]
-    r = subprocess.run([*uv, "mini-swe-agent>=1.17,<2"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    outputs = [f"```bash\n{c}\n```" for c in (apply_cmd(gold_patch()), SUBMIT)]
-    config = {
-        "agent": {"step_limit": 10, "cost_limit": 100.0},
-        "environment": {"environment_class": ENV_CLASS, "timeout": 60},
-        "run": {"env_startup_command": "#minisandbox-task {{instance_id}}"},
-        "model": {
-            "model_class": "deterministic",
-            "model_name": "deterministic",
-            "outputs": outputs,
-        },
-    }
-    env = {**os.environ, "PYTHONPATH": str(target), "MSWEA_SILENT_STARTUP": "1"}
-    out = tmp_path / "run"
-    r = subprocess.run(
-        [sys.executable, "-c", _V1_BATCH, str(out), json.dumps(config), TASK],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.strip().splitlines()[-1].startswith("1."), r.stdout
-    traj = json.loads((out / TASK / f"{TASK}.traj.json").read_text())
-    assert traj["info"]["exit_status"] == "Submitted", traj["info"]
-    assert traj["info"]["config"]["environment"]["task"] == TASK
-    patch = json.loads((out / "preds.json").read_text())[TASK]["model_patch"]
-    grader = MiniSandboxEnvironment(task=TASK)
-    try:
-        assert grader.evaluate(patch).reward == 1.0
-    finally:
-        grader.cleanup()

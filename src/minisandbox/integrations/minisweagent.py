@@ -42,13 +42,23 @@ from minisandbox.integrations.tasks import (
     resolve_task,
     task_runtime,
 )
+from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
 from minisandbox.sandbox.sync import background_loop, call_soon, run_sync
 from minisandbox.tasks.builder import Builder
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# Raw output kept per command for exact decoding; past it, the sandbox's capped head and tail.
+_RAW_CAP = DEFAULT_MAX_OUTPUT
 _TASK_DIRECTIVE = re.compile(r"^\s*#\s*minisandbox-task[\s:=]+(?P<task>\S+)\s*$")
 
 logger = logging.getLogger("minisweagent.environment")
+
+
+def as_text(data: bytes | str) -> str:
+    """Command output as mini-swe-agent's environments read it (`subprocess` in text mode):
+    UTF-8 with undecodable bytes replaced, and universal newlines (\\r\\n and \\r become \\n)."""
+    text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+    return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
 def submission(output: str, returncode: int) -> str | None:
@@ -201,19 +211,45 @@ class MiniSandboxEnvironment:
         env.update({k: v for k, v in self.config.env.items() if k not in self._drop_env})
         return env
 
-    def _run(self, command: str, cwd: str, timeout: float | None) -> tuple[str, int]:
+    def _run(self, command: str, cwd: str, timeout: int | None) -> tuple[str, int]:
+        """Run `command`; its output read as mini-swe-agent's environments read theirs.
+
+        Raises:
+            subprocess.TimeoutExpired: the command ran past its timeout (it was killed with
+                everything it started); `output` holds the bytes it printed until then, as
+                `subprocess.run` gives them (what 1.x agents decode, and 2.x environments
+                report as `TimeoutExpired`).
+        """
         self.start()
         sb = self.task_sandbox.sandbox
-        r = run_sync(
-            sb.execute(
-                [*self.config.interpreter, command],
-                cwd=cwd or self.config.cwd,
-                env=self._env(),
-                timeout=timeout or self.config.timeout,
-                merge_stderr=True,
+        limit = timeout or self.config.timeout
+        # The bytes as they come: upstream decodes them itself (replacing what is not UTF-8),
+        # where the sandbox's text escapes it. Past the cap the sandbox's head+tail is used.
+        raw = bytearray()
+        overflow = False
+
+        def collect(fd: int, chunk: bytes) -> None:
+            nonlocal overflow
+            if len(raw) + len(chunk) > _RAW_CAP:
+                overflow = True
+            elif not overflow:
+                raw.extend(chunk)
+
+        try:
+            r = run_sync(
+                sb.execute(
+                    [*self.config.interpreter, command],
+                    cwd=cwd or self.config.cwd,
+                    env=self._env(),
+                    timeout=limit,
+                    merge_stderr=True,
+                    on_output=collect,
+                )
             )
-        )
-        return r.stdout, r.exit_code
+        except CommandTimeoutError as e:
+            partial = bytes(raw) if not overflow else e.output.encode()
+            raise subprocess.TimeoutExpired(command, limit, output=partial) from e
+        return (as_text(bytes(raw)) if not overflow else as_text(r.stdout)), r.exit_code
 
     def _directive(self, command: str) -> dict[str, Any] | None:
         m = _TASK_DIRECTIVE.match(command)
@@ -239,12 +275,7 @@ class MiniSandboxEnvironment:
         command = action
         if (out := self._directive(command)) is not None:
             return out
-        try:
-            output, code = self._run(command, cwd, timeout)
-        except CommandTimeoutError as e:
-            raise subprocess.TimeoutExpired(
-                command, timeout or self.config.timeout, output=e.output.encode()
-            ) from e
+        output, code = self._run(command, cwd, timeout)
         return {"output": output, "returncode": code}
 
     def _execute_v2(self, action: dict[str, Any], cwd: str, timeout: int | None) -> dict[str, Any]:
@@ -257,9 +288,11 @@ class MiniSandboxEnvironment:
         except (NodeLostError, TaskNotBoundError):
             raise  # the sandbox is gone with its node, or there is none: the episode ends
         except Exception as e:
-            # As mini-swe-agent's own environments: the model sees the failure and goes on.
+            # As mini-swe-agent's own environments: the model sees the failure and goes on (a
+            # timeout is `TimeoutExpired`, its message and partial output as LocalEnvironment's).
+            raw = getattr(e, "output", None)
             result = {
-                "output": getattr(e, "output", "") or "",
+                "output": as_text(raw) if isinstance(raw, bytes) else (raw or ""),
                 "returncode": -1,
                 "exception_info": f"An error occurred while executing the command: {e}",
                 "extra": {"exception_type": type(e).__name__, "exception": str(e)},
