@@ -1162,6 +1162,7 @@ async def attack_forge_command_result(ctx: AttackContext) -> None:
 import attacks_build  # noqa: E402, F401
 import attacks_cli  # noqa: E402, F401
 import attacks_files  # noqa: E402, F401
+import attacks_hostpython  # noqa: E402, F401
 import attacks_limits  # noqa: E402, F401
 import attacks_sessions  # noqa: E402, F401
 import attacks_tenants  # noqa: E402, F401

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,16 @@ def _sweep_dead_sessions(tmp: Path) -> None:
             fast_remove(entry)
 
 
+def _sweep_dead_plants() -> None:
+    """Remove what attacks_hostpython.py planted outside the session directory (the host's /usr,
+    /var/tmp) for a run that was killed (the pid in the name is dead)."""
+    for place in ("/usr/lib", "/usr/lib/python3/dist-packages", "/var/tmp"):
+        for entry in Path(place).glob("minisandbox-attack-*"):
+            pid = entry.name.removeprefix("minisandbox-attack-").split("-", 1)[0]
+            if pid.isdigit() and not Path(f"/proc/{pid}").exists() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Everything the tests make in temp directories goes into one directory of this session
     (pytest's tmp_path too), which a janitor process (the sandboxes' own, cleanup.py) removes
@@ -39,6 +50,7 @@ def pytest_configure(config: pytest.Config) -> None:
     tmp = Path(tempfile.gettempdir())
     for place in {tmp, Path("/tmp")}:  # (/tmp: the cluster tests' Ray directory, at worst)
         _sweep_dead_sessions(place)
+    _sweep_dead_plants()
     session = Path(tempfile.mkdtemp(prefix=f"msbs{os.getpid()}-", dir=tmp))
     os.chmod(session, 0o755)  # the unprivileged uid's runner and venv live below it
     janitor = subprocess.Popen(

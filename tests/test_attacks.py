@@ -485,5 +485,7 @@ def test_attack_registry_is_complete() -> None:
         "other_user_rewrites_a_layer",
         "node_upload_writes_outside",
         "build_reaches_host_services",
+        "read_packages_of_the_task_interpreter",
+        "read_host_usr_python_packages",
     }
     assert expected <= set(ATTACKS), f"missing: {expected - set(ATTACKS)}"

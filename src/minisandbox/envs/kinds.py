@@ -35,9 +35,10 @@ class LayerKind:
 _KINDS = (
     LayerKind(
         name="python",
-        format=1,
+        format=2,
         keyed_on="the interpreter's prefix and the names in its bin/",
-        built_by="a copy of the prefix without its site-packages (no sandbox: nothing runs)",
+        built_by="a copy of the prefix without its installed packages (site-packages, "
+        "dist-packages, a conda root's envs and package cache; no sandbox: nothing runs)",
         seen_by="every sandbox of a task built with it, on a node without that interpreter",
         module="envs/portable.py",
     ),

@@ -5,10 +5,12 @@ machine that built it, the prefix is bound read-only from the host; a cluster no
 it, so there the prefix travels as a layer whose tree holds it at its own path (the layer of
 `/opt/py/3.11` holds `opt/py/3.11/...`), overlaid under the task's layers like any other.
 
-Left out of the layer: the interpreter's own site-packages (a task's venv never sees them, and a
-host interpreter's can hold gigabytes), and in a conda base prefix its other environments and
-its package cache. A prefix under a path every sandbox mounts from the host
-(/usr: a distribution's Python; /tmp) cannot travel: it stays a host path, which a node must have.
+Left out of the layer: what sandboxes never show of a host interpreter (sandbox/hostpython.py):
+its own site-packages and dist-packages (a task's venv never sees them, a host interpreter's can
+hold gigabytes, and a later release of the task's project among them would be readable), and in
+a conda base prefix its other environments and its package cache. A prefix under a path every
+sandbox mounts from the host (/usr: a distribution's Python; /tmp) cannot travel: it stays a host
+path, which a node must have.
 """
 
 from __future__ import annotations
@@ -20,12 +22,12 @@ from pathlib import Path
 
 from minisandbox.envs.kinds import format_of
 from minisandbox.envs.layerbuild import LayerBuilder
+from minisandbox.sandbox.hostpython import CONDA_EXTRAS, prefix_package_dirs
 from minisandbox.utils.hashing import content_digest
 
 __all__ = ["interpreter_layer", "interpreter_ref", "travels"]
 
 _FORMAT = format_of("python")  # (envs/kinds.py)
-_CONDA_EXTRAS = ("envs", "pkgs", "conda-meta")
 # Where the sandbox mounts host or private directories over the overlay: a layer's files there
 # would be hidden (sandbox.rootfs binds these).
 _HOST_MOUNTED = (
@@ -67,19 +69,20 @@ def interpreter_ref(prefix: Path) -> str:
 
 def _stage(prefix: Path, tree: Path) -> None:
     """`tree/<prefix>`: the prefix's files (hard links where the filesystem allows), its
-    site-packages empty; the directories above it 0755, so the sandbox's user can reach it."""
+    package directories empty; the directories above it 0755, so the sandbox's user can reach
+    it."""
     dest = tree / str(prefix).lstrip("/")
     dest.parent.mkdir(parents=True)
     for parent in [dest.parent, *dest.parent.parents]:
         if parent == tree or not parent.is_relative_to(tree):
             break
         os.chmod(parent, 0o755)
-    site = {str(p) for p in prefix.glob("lib/python*/site-packages")}
+    packages = {str(p) for p in prefix_package_dirs(prefix)}
 
     def ignore(directory: str, names: list[str]) -> list[str]:
-        if directory in site:
-            return names
-        return [n for n in names if n in _CONDA_EXTRAS] if directory == str(prefix) else []
+        if directory in packages:
+            return names  # kept as an empty directory: the interpreter expects it
+        return [n for n in names if os.path.join(directory, n) in packages and n in CONDA_EXTRAS]
 
     def link_or_copy(src: str, dst: str) -> None:
         try:

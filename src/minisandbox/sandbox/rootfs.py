@@ -2,7 +2,8 @@
 
 Layout: an overlay at `/` (read-only layers below one writable upper directory), with the host's
 system directories bound read-only on top at their own paths, a few generated /etc files, a private
-/proc, a minimal /dev, size-capped tmpfs at /tmp and /dev/shm, and no /sys.
+/proc, a minimal /dev, size-capped tmpfs at /tmp and /dev/shm, and no /sys. The host's installed
+Python packages (under /usr and in bound interpreter prefixes) are covered (hostpython.py).
 
 bwrap follows symlinks in mount destinations, and every destination here lies inside the overlay,
 whose content an earlier sandbox may have written (a kept upper layer, or a layer built from one).
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from minisandbox.errors import SandboxConfigError
 from minisandbox.sandbox.config import SandboxConfig
+from minisandbox.sandbox.hostpython import hidden_dirs
 
 IO_DIR = "/run/minisandbox"  # per-sandbox channel directory (FIFOs, command files)
 # The control shell starts commands as background jobs, which a POSIX shell runs with SIGINT and
@@ -157,6 +159,19 @@ def build_plan(
         ("/etc/hostname", f"{config.hostname}\n".encode()),
     ]
     plan.destinations += ["/etc/hosts", "/etc/hostname"]
+    _bind_host_dirs(plan, config)
+    # Read-only inside: nothing in the sandbox can plant, swap or remove a channel file (the
+    # host creates them; FIFOs stay writable on a read-only mount).
+    a += ["--ro-bind", str(io_dir), IO_DIR]
+    plan.destinations.append(IO_DIR)
+    return plan
+
+
+def _bind_host_dirs(plan: MountPlan, config: SandboxConfig) -> None:
+    """`config.ro_paths` read-only at their own paths, then the host's installed Python packages
+    (under /usr and in bound interpreter prefixes) covered by an empty read-only tmpfs each: a
+    later release of the task's project could be among them (hostpython.py)."""
+    a = plan.args
     for path in config.ro_paths:
         # Parents inside the private tmpfs mounts are made by bwrap itself, mode 700 unless told
         # otherwise: a root caller's sandbox uid could not reach the bound directory.
@@ -168,12 +183,12 @@ def build_plan(
             parent = parent.parent
         for d in reversed(inside_tmpfs):
             a += ["--perms", "0755", "--dir", d]
-        ro(str(path))
-    # Read-only inside: nothing in the sandbox can plant, swap or remove a channel file (the
-    # host creates them; FIFOs stay writable on a read-only mount).
-    a += ["--ro-bind", str(io_dir), IO_DIR]
-    plan.destinations.append(IO_DIR)
-    return plan
+        a += ["--ro-bind", str(path), str(path)]
+        plan.destinations.append(str(path))
+    # Not in plan.destinations: each lies inside a host directory bound above (the walk never
+    # follows a symlink), so no layer's tree is on its path and nothing is precreated for it.
+    for hidden in map(str, hidden_dirs(config.ro_paths)):
+        a += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden, "--remount-ro", hidden]
 
 
 def check_destinations(destinations: list[str], trees: list[Path]) -> None:
