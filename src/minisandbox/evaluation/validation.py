@@ -1,5 +1,7 @@
-"""Validating a task: its gold patch must resolve it, the empty patch must not, and its
-repository must hold nothing from after its base commit (no fix for an agent to find).
+"""Validating a task: its gold patch must resolve it, the empty patch must not, its
+repository must hold nothing from after its base commit, and no file an agent can read outside
+/testbed may hold the fix (a later release of the project on the host, say): no fix for an agent
+to find.
 
 A task that fails either check gives a wrong reward whatever the agent does (a broken
 environment, a test spec that does not match the repository, tests that pass on the base
@@ -28,8 +30,8 @@ from minisandbox.utils.hashing import content_digest
 
 # Bump when what a verdict means changes (the evaluator's procedure or the checks below).
 # 2: the history check; 3: keyed by the one canonical digest (utils.hashing); 4: the guarded
-# grading (evaluation.guard): a verdict of the unguarded one is made again
-_FORMAT = 4
+# grading (evaluation.guard): a verdict of the unguarded one is made again; 5: the leak check
+_FORMAT = 5
 META_KEY = "validations"
 
 
@@ -54,6 +56,17 @@ class HistoryCheck(BaseModel):
     )
 
 
+class LeakCheck(BaseModel):
+    """Whether the fix is readable in the task's agent sandbox outside /testbed: the lines the
+    gold patch adds that are long and absent from the base commit's tree, searched for in every
+    readable file (the host's /usr, the interpreter, the venv, /etc ...)."""
+
+    lines: int = Field(0, description="rare gold lines searched for")
+    leaks: list[str] = Field(
+        default_factory=list, description="files that hold them: `path: how many`"
+    )
+
+
 class Validation(BaseModel):
     """The verdict on a task: `valid` when the gold patch resolves it and the empty one does
     not. `reason` says what failed."""
@@ -68,6 +81,7 @@ class Validation(BaseModel):
     # without it) but worth knowing; SWE-bench's own datasets have a few.
     fail_to_pass_passing_without_patch: list[str] = Field(default_factory=list)
     history: HistoryCheck | None = None
+    leaks: LeakCheck | None = None
     validated_at: float = 0.0
 
 
@@ -157,11 +171,71 @@ async def check_history(builder: Builder, task: Task) -> HistoryCheck:
     return check
 
 
+# A gold line means something when it is this long (stripped) and the base tree lacks it.
+LEAK_LINE_MIN = 30
+_LEAK_LINES_MAX = 200
+
+
+def leak_lines(patch: str) -> list[str]:
+    """The lines `patch` adds that are long enough to identify the fix (stripped, distinct)."""
+    found: dict[str, None] = {}
+    for line in patch.splitlines():
+        if not line.startswith("+") or line.startswith("+++"):
+            continue
+        text = line[1:].strip()
+        if len(text) >= LEAK_LINE_MIN and sum(c.isalnum() for c in text) >= LEAK_LINE_MIN // 2:
+            found[text] = None
+    return list(found)[:_LEAK_LINES_MAX]
+
+
+def leaking_files(findings: list[tuple[str, str]], searched: int) -> list[str]:
+    """Files that hold the fix: two of the rare gold lines (one when only one was searched
+    for, so a single common-looking line elsewhere is not a leak by itself)."""
+    per_file: dict[str, set[str]] = {}
+    for path, line in findings:
+        per_file.setdefault(path, set()).add(line)
+    need = min(2, searched)
+    return [f"{path}: {len(hit)}" for path, hit in sorted(per_file.items()) if len(hit) >= need]
+
+
+async def check_leaks(builder: Builder, task: Task, **overrides: Any) -> LeakCheck:
+    """Search the task's agent sandbox (outside /testbed) for the gold patch's rare lines
+    (data/check_leaks.sh). `overrides`: SandboxConfig fields agents' sandboxes add (e.g.
+    `ro_paths`), so that what they bind is searched too."""
+    lines = leak_lines(task.gold_patch or "")
+    if not lines:
+        return LeakCheck()
+    script = (resources.files("minisandbox") / "data" / "check_leaks.sh").read_text()
+    async with builder.sandbox(task, **overrides) as sb:
+        await sb.execute(["mkdir", "-p", "/tmp/.msb-leaks"])
+        await sb.write_file("/tmp/.msb-leaks/check.sh", script)
+        await sb.write_file("/tmp/.msb-leaks/lines", "\n".join(lines) + "\n")
+        r = await sb.execute(
+            ["/bin/bash", "/tmp/.msb-leaks/check.sh", "/tmp/.msb-leaks/lines"], timeout=1800
+        )
+    searched = next(
+        (int(w[1]) for w in (x.split() for x in r.stderr.splitlines()) if w[:1] == ["lines"]),
+        None,
+    )
+    if searched is None:
+        return LeakCheck(leaks=[f"the leak check did not run: {r.output.strip()[-300:]}"])
+    findings = [
+        (path, line)
+        for path, sep, line in (x.partition("\t") for x in r.stdout.splitlines())
+        if sep
+    ]
+    return LeakCheck(lines=searched, leaks=leaking_files(findings, searched))
+
+
 def judge(
-    task: Task, gold: EvalResult, empty: EvalResult, history: HistoryCheck | None = None
+    task: Task,
+    gold: EvalResult,
+    empty: EvalResult,
+    history: HistoryCheck | None = None,
+    leaks: LeakCheck | None = None,
 ) -> Validation:
     """The verdict from the gold patch's and the empty patch's evaluations (and the history
-    check, when it ran)."""
+    and leak checks, when they ran)."""
     reasons = []
     if not gold.resolved:
         reasons.append(f"the gold patch does not resolve it ({gold.status}: {gold.reason})")
@@ -172,6 +246,9 @@ def judge(
     if history is not None and history.problems:
         more = f" and {len(history.problems) - 1} more" if len(history.problems) > 1 else ""
         reasons.append(f"the repository holds more than its past: {history.problems[0]}{more}")
+    if leaks is not None and leaks.leaks:
+        more = f" and {len(leaks.leaks) - 1} more" if len(leaks.leaks) > 1 else ""
+        reasons.append(f"the fix is readable outside /testbed: {leaks.leaks[0]}{more}")
     passing = [t for t in task.fail_to_pass if empty.test_results.get(t) in ("PASSED", "XFAIL")]
     return Validation(
         task=task.id,
@@ -182,6 +259,7 @@ def judge(
         empty=_check(empty),
         fail_to_pass_passing_without_patch=passing,
         history=history,
+        leaks=leaks,
         validated_at=time.time(),
     )
 
@@ -201,12 +279,13 @@ async def validate(
     if not layers:
         raise TaskNotBuiltError(f"task {task.id} is not built; build it before validating")
     evaluator = Evaluator(builder, timeout=timeout or DEFAULT_TIMEOUT)
-    gold, empty, history = await asyncio.gather(
+    gold, empty, history, leaks = await asyncio.gather(
         evaluator.evaluate(task, task.gold_patch),
         evaluator.evaluate(task, ""),
         check_history(builder, task),
+        check_leaks(builder, task),
     )
-    verdict = judge(task, gold, empty, history)
+    verdict = judge(task, gold, empty, history, leaks)
 
     def record(meta: dict[str, Any]) -> dict[str, Any]:
         records = _records(meta)

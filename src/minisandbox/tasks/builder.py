@@ -96,16 +96,18 @@ class TaskLayers(BaseModel):
 async def launch(lb: LayerBuilder, layers: TaskLayers, **overrides: Any) -> AsyncIterator[Sandbox]:
     """A sandbox of `layers`: made present in the node cache (once per node, under the I/O
     budget), the repository at /testbed, its venv active, SWE-bench's conda activation
-    provided (envs.compat). `overrides` are more SandboxConfig fields.
+    provided (envs.compat). `overrides` are more SandboxConfig fields (`ro_paths` are added to
+    the task's own).
 
     Raises:
         SandboxStartError: the sandbox could not be set up (and the node cache's errors).
     """
     compat = compat_layer(lb.settings.cache / "compat", lb.cache.owner)
+    ro_paths = {*layers.ro_paths, *overrides.pop("ro_paths", ())}
     async with lb.cache.use(layers.ids) as paths:
         config = SandboxConfig(
             layers=[compat, *paths],
-            ro_paths=sorted(set(layers.ro_paths)),
+            ro_paths=sorted(ro_paths),
             venv=VENV,
             workdir=TESTBED,
             env=layers.env_vars,
