@@ -33,6 +33,37 @@ ROOT = Path(__file__).resolve().parents[1]
 KEYS = {"python", "install", "extras", "tests", "uv_args", "clone", "note"}
 
 
+def _checkout(url: str, ref: str) -> str:
+    """`url` cloned into .venv-stacks/src/<its name> (once) and checked out at `ref` (each run:
+    a changed ref moves it); returns the commit checked out.
+
+    Raises:
+        subprocess.CalledProcessError: the clone, fetch or checkout failed.
+    """
+    dest = ROOT / ".venv-stacks" / "src" / url.rstrip("/").rsplit("/", 1)[-1]
+    if dest.is_dir() and not (dest / ".git").exists():
+        # A copy put there by hand (a machine that cannot reach the host): used as it is. (No
+        # git command runs in it: git would find this checkout's repository above it.)
+        print(f"test-stack: {dest} is not a git checkout: using it as it is", file=sys.stderr)
+        return f"copy:{dest.stat().st_mtime_ns}"
+    if not dest.is_dir():
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        # Not --branch: a ref may be a commit (a repository without releases).
+        subprocess.run(["git", "clone", "-q", url, str(dest)], check=True)
+
+    def git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(dest), *args], capture_output=True, text=True)
+
+    want = git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+    if want.returncode != 0:  # a ref the clone does not have yet
+        subprocess.run(["git", "-C", str(dest), "fetch", "-q", "--tags", "origin"], check=True)
+        want = git("rev-parse", "--verify", "-q", f"{ref}^{{commit}}")
+    commit = want.stdout.strip()
+    if git("rev-parse", "HEAD").stdout.strip() != commit or not commit:
+        subprocess.run(["git", "-C", str(dest), "checkout", "-q", "--detach", ref], check=True)
+    return git("rev-parse", "HEAD").stdout.strip()
+
+
 def matrix() -> str:
     """The stacks as a CI matrix: [{"stack": NAME, "python": VERSION}, ...] (JSON)."""
     rows = []
@@ -67,17 +98,13 @@ def main(argv: list[str]) -> int:
     except ToolchainNotFoundError as e:
         print(f"test-stack: {name} needs Python {spec['python']}: {e}", file=sys.stderr)
         return 2
-    for repo in spec.get("clone", []):
-        dest = ROOT / ".venv-stacks" / "src" / repo["url"].rstrip("/").rsplit("/", 1)[-1]
-        if not dest.is_dir():
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            # Not --branch: a ref may be a commit (a repository without releases).
-            subprocess.run(["git", "clone", "-q", repo["url"], dest], check=True)
-            subprocess.run(["git", "-C", dest, "checkout", "-q", repo["ref"]], check=True)
+    heads = [_checkout(repo["url"], repo["ref"]) for repo in spec.get("clone", [])]
     uv = str(Path(sys.executable).parent / "uv")
     venv = ROOT / ".venv-stacks" / name
     stamp = venv / ".minisandbox-stack"
-    want = hashlib.sha256(raw + str(interpreter.executable).encode()).hexdigest()
+    # Rebuilt when the stack file, the interpreter, this package's extras or a clone changes.
+    key = [raw, str(interpreter.executable).encode(), (ROOT / "pyproject.toml").read_bytes()]
+    want = hashlib.sha256(b"\0".join([*key, *(h.encode() for h in heads)])).hexdigest()
     if not (stamp.is_file() and stamp.read_text() == want):
         subprocess.run(
             [uv, "venv", "--clear", "-q", "-p", str(interpreter.executable), str(venv)], check=True
@@ -97,6 +124,7 @@ def main(argv: list[str]) -> int:
                 *spec.get("install", []),
             ],
             check=True,
+            cwd=ROOT,  # the stack file's -e paths are relative to the checkout
         )
         stamp.write_text(want)
     env = os.environ | {"MINISANDBOX_STACK": name}
