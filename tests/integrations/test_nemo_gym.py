@@ -182,6 +182,58 @@ async def test_provider_contract(builder: Builder, tmp_path: Path) -> None:
     assert await provider.status(other) == SandboxStatus.STOPPED
 
 
+async def test_aclose_stops_every_sandbox_then_raises_the_first_error(builder: Builder) -> None:
+    provider = MiniSandboxProvider(builder=builder, task=TASK)
+    failing = await provider.create(SandboxSpec())
+    others = [await provider.create(SandboxSpec()) for _ in range(2)]
+    box = failing.raw
+    real_stop = box.ts.stop
+
+    async def stop_then_fail() -> None:  # a stop that fails after stopping (e.g. cleanup)
+        await real_stop()
+        raise RuntimeError("cleanup failed")
+
+    box.ts.stop = stop_then_fail
+    with pytest.raises(RuntimeError, match="cleanup failed"):
+        await provider.aclose()
+    for handle in (failing, *others):
+        assert await provider.status(handle) == SandboxStatus.STOPPED
+    await provider.aclose()  # nothing left to stop
+
+
+async def test_task_lookup_is_off_the_event_loop(
+    builder: Builder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first lookup in a dataset loads all of it (a Hugging Face download for a hub
+    dataset): `create` and `evaluate` do it outside the event loop."""
+    import asyncio
+
+    import minisandbox.integrations.tasks as tasks_module
+
+    real = tasks_module.load_tasks
+    seen: list[str] = []
+
+    def load_tasks(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            seen.append("on a loop")
+        except RuntimeError:
+            seen.append("off the loop")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks_module, "load_tasks", load_tasks)
+    # Fresh envs_dirs: datasets not yet loaded in this process.
+    provider = MiniSandboxProvider(builder=builder, envs_dir=str(tmp_path / "a"))
+    handle = await provider.create(SandboxSpec(metadata={"instance_id": TASK}))
+    try:
+        assert TASK in handle.sandbox_id
+    finally:
+        await provider.aclose()
+    result = await evaluate(TASK, "", envs_dir=str(tmp_path / "b"), builder=builder)
+    assert result.reward == 0.0
+    assert seen == ["off the loop", "off the loop"]
+
+
 def test_sync_sandbox_across_its_own_loops(use_settings: None) -> None:
     """NeMo Gym's sync Sandbox runs each sandbox on a loop thread of its own, closed at stop."""
     from nemo_gym.sandbox import Sandbox

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import statistics
 import tempfile
 import time
@@ -35,6 +36,7 @@ from minisandbox.integrations.verl import (  # noqa: E402
     MiniSandboxSandbox,
     MiniSandboxTask,
 )
+from minisandbox.sandbox.config import SandboxConfig as MiniSandboxConfig  # noqa: E402
 from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
 from minisandbox.tasks.loaders import TaskNotFoundError, load_tasks  # noqa: E402
 
@@ -103,8 +105,25 @@ def test_no_task_is_refused_with_the_line_to_add() -> None:
 
 
 def test_other_misconfigurations_error() -> None:
-    with pytest.raises(ValueError, match="sandbox_kwargs: unknown key 'taks'"):
+    # One error naming the key, where it is, and the keys there are.
+    with pytest.raises(
+        ValueError, match=r"sandbox_kwargs: unknown key 'taks' \(known: task, "
+    ) as e:
         build_sandbox(SandboxConfig(provider="minisandbox", sandbox_kwargs={"taks": TASK}))
+    assert str(e.value).count("\n") == 0, str(e.value)
+    with pytest.raises(ValueError, match=r"sandbox_kwargs\.eval_timeout: .*number"):
+        build_sandbox(
+            SandboxConfig(
+                provider="minisandbox", sandbox_kwargs={"task": TASK, "eval_timeout": "x"}
+            )
+        )
+    # SandboxConfig fields are checked when the block is read, not at start() (which
+    # uni-agent retries).
+    bad_field = {"task": TASK, "sandbox": {"memory_mb": 4096}}
+    with pytest.raises(
+        ValueError, match=r"sandbox_kwargs\.sandbox: .*'memory_mb' \(known: .*limits"
+    ):
+        build_sandbox(SandboxConfig(provider="minisandbox", sandbox_kwargs=bad_field))
     with pytest.raises(TaskNotFoundError):
         build_sandbox(SandboxConfig(provider="minisandbox", sandbox_kwargs={"task": "nope-1"}))
     local = get_task(
@@ -356,6 +375,87 @@ async def test_run_task_runner_with_the_framework(use_settings: None, tmp_path: 
     assert result.reward == 0.0
 
 
+# ---------------------------------------------------------------- event loops
+
+
+def test_episodes_each_in_an_asyncio_run_of_their_own(use_settings: None) -> None:
+    """uni-agent's framework runs each runner in an `asyncio.run` of its own (in a Ray worker):
+    one process, a new event loop per episode, each closed after it."""
+
+    def oracle() -> Any:
+        return get_task(
+            {
+                "name": "minisandbox",
+                "run_gold_patch": True,
+                "sandbox": {"provider": "minisandbox"},
+                "metadata": {"instance_id": TASK},
+            }
+        )
+
+    first = asyncio.run(oracle().run())
+    second = asyncio.run(oracle().run())
+    assert (first.reward, second.reward) == (1.0, 1.0), (first.extra_info, second.extra_info)
+
+
+def test_a_sandbox_outlives_the_loop_that_started_it(builder: Builder) -> None:
+    """A sandbox (and its native shell) started under one `asyncio.run` is used and stopped
+    under later ones, after the first loop is closed: it belongs to no caller's loop."""
+    sb = MiniSandboxSandbox(TASK, builder=builder)
+    asyncio.run(sb.start())
+    try:
+        r = asyncio.run(sb.exec(["git", "rev-parse", "--show-toplevel"], workdir="/testbed"))
+        assert (r.exit_code, r.stdout.strip()) == (0, "/testbed"), r
+        shell = asyncio.run(sb.open_shell(cwd="/testbed"))
+        r = asyncio.run(shell.run("export X=7; cd src && pwd"))
+        assert (r.exit_code, r.stdout.strip()) == (0, "/testbed/src"), r
+        assert asyncio.run(shell.run("echo $X")).stdout.strip() == "7"
+        asyncio.run(shell.close())
+        asyncio.run(sb.write_file("/testbed/NOTE.md", "x\n"))
+        assert asyncio.run(sb.read_file("/testbed/NOTE.md")) == b"x\n"
+        assert "NOTE.md" in asyncio.run(sb.diff())
+    finally:
+        asyncio.run(sb.stop())
+    assert not asyncio.run(sb.is_alive())
+
+
+def test_task_lookup_is_off_the_event_loop(
+    use_settings: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first lookup in a dataset loads all of it (a Hugging Face download for a hub
+    dataset): an episode does it outside its event loop."""
+    import minisandbox.integrations.tasks as tasks_module
+
+    seen = loads_seen(monkeypatch, tasks_module)
+    task = get_task(
+        {
+            "name": "minisandbox",
+            "run_gold_patch": True,
+            # A fresh envs_dir: a dataset not yet loaded in this process.
+            "sandbox": {"provider": "minisandbox", "sandbox_kwargs": {"envs_dir": str(tmp_path)}},
+            "metadata": {"instance_id": TASK},
+        }
+    )
+    assert asyncio.run(task.run()).reward == 1.0
+    assert seen == ["off the loop"]
+
+
+def loads_seen(monkeypatch: pytest.MonkeyPatch, tasks_module: Any) -> list[str]:
+    """Record, for each dataset load, whether its thread was running an event loop."""
+    real = tasks_module.load_tasks
+    seen: list[str] = []
+
+    def load_tasks(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            seen.append("on a loop")
+        except RuntimeError:
+            seen.append("off the loop")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks_module, "load_tasks", load_tasks)
+    return seen
+
+
 # ---------------------------------------------------------------- step time beside uni-agent's own
 
 
@@ -418,3 +518,18 @@ class _NoShell:
 def test_task_config_yaml_parses() -> None:
     entries = yaml.safe_load(TASK_CONFIG_YAML)
     assert entries[0]["sandbox"]["provider"] == "minisandbox"
+
+
+def test_documented_sandbox_kwargs_are_valid() -> None:
+    """The Task Config block of docs/integrations/verl.md with its commented-out options
+    turned on: every `sandbox_kwargs` option it suggests is accepted."""
+    doc = (Path(__file__).parents[2] / "docs" / "integrations" / "verl.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, re.S)
+    block = next(b for b in blocks if "sandbox_kwargs:" in b and "- name: minisandbox" in b)
+    enabled = re.sub(r"(?m)^(\s+)# (\w+: )", r"\1\2", block)
+    assert enabled != block  # it has options to try
+    kwargs = yaml.safe_load(enabled)[0]["sandbox"]["sandbox_kwargs"]
+    assert "sandbox" in kwargs, kwargs
+    sb = build_sandbox(SandboxConfig(provider="minisandbox", sandbox_kwargs=kwargs))
+    assert isinstance(sb, MiniSandboxSandbox) and sb.task.id == TASK
+    MiniSandboxConfig(**sb.overrides)  # the SandboxConfig settings themselves are valid

@@ -30,7 +30,13 @@ from pydantic import BaseModel, ConfigDict
 
 from minisandbox.errors import CommandTimeoutError, TaskNotBoundError
 from minisandbox.evaluation.evaluator import EvalResult
-from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task, task_runtime
+from minisandbox.integrations.tasks import (
+    DEFAULT_DATASET,
+    TaskSandbox,
+    resolve_first,
+    resolve_task_async,
+    task_runtime,
+)
 from minisandbox.runtime import Runtime
 from minisandbox.sandbox.sync import on_loop
 from minisandbox.tasks.builder import Builder
@@ -116,8 +122,9 @@ class MiniSandboxProvider:
 
     # ------------------------------------------------------------------ tasks
 
-    def task_for(self, spec: SandboxSpec) -> Task | None:
-        """The task a sandbox for `spec` runs (None: a plain sandbox, when `plain`).
+    async def task_for(self, spec: SandboxSpec) -> Task | None:
+        """The task a sandbox for `spec` runs (None: a plain sandbox, when `plain`), looked up
+        off the event loop (the first lookup in a dataset loads all of it).
 
         Raises:
             TaskNotBoundError: nothing names a task and `plain` is not set.
@@ -125,18 +132,15 @@ class MiniSandboxProvider:
         """
         cfg = self.config
         if cfg.task:
-            return resolve_task(cfg.task, cfg.dataset, cfg.envs_dir)
+            return await resolve_task_async(cfg.task, cfg.dataset, cfg.envs_dir)
         metadata = spec.metadata or {}
         named = [
             str(v)
             for v in (metadata.get("minisandbox_task"), spec.image, metadata.get("instance_id"))
             if v and str(v) != "unknown"  # mini_swe_agent_2's placeholder for "no instance id"
         ]
-        for name in named:
-            try:
-                return resolve_task(name, cfg.dataset, cfg.envs_dir)
-            except TaskNotFoundError:
-                continue
+        if task := await resolve_first(named, cfg.dataset, cfg.envs_dir):
+            return task
         if named:
             raise TaskNotFoundError(
                 f"sandbox provider {PROVIDER_NAME!r}: no task of dataset {cfg.dataset!r} is "
@@ -176,7 +180,7 @@ class MiniSandboxProvider:
             TaskNotBuiltError, TaskBuildError, SandboxStartError: the task's sandbox could not
                 be built or started.
         """
-        task = self.task_for(spec)
+        task = await self.task_for(spec)
         ignored = [f for f in _IGNORED_SPEC_FIELDS if getattr(spec, f)]
         if ignored:
             logger.debug("%s ignores SandboxSpec %s", PROVIDER_NAME, ", ".join(ignored))
@@ -275,10 +279,15 @@ class MiniSandboxProvider:
         await on_loop(box.ts.stop())
 
     async def aclose(self) -> None:
-        """Stop the sandboxes still open: nothing outlives the provider."""
+        """Stop the sandboxes still open: nothing outlives the provider.
+
+        Raises:
+            Exception: the first error of a `stop()`, after every sandbox was stopped.
+        """
         boxes, self._boxes = list(self._boxes.values()), {}
-        for box in boxes:
-            await on_loop(box.ts.stop())
+        results = await on_loop(_gather_stops(boxes))
+        if errors := [r for r in results if isinstance(r, BaseException)]:
+            raise errors[0]
 
     # ------------------------------------------------------------------ reward
 
@@ -312,13 +321,17 @@ async def evaluate(
     Raises:
         TaskNotFoundError: `task` is no task of `dataset`.
     """
-    resolved = resolve_task(task, dataset, envs_dir)
+    resolved = await resolve_task_async(task, dataset, envs_dir)
 
     async def grade() -> EvalResult:
         runtime = await task_runtime(cluster, builder=builder)
         return await runtime.evaluate(resolved, patch, timeout=timeout)
 
     return await on_loop(grade())
+
+
+async def _gather_stops(boxes: list[_Box]) -> list[BaseException | None]:
+    return await asyncio.gather(*(box.ts.stop() for box in boxes), return_exceptions=True)
 
 
 def provider_config(block: Mapping[str, Any] | None = None) -> dict[str, Any]:

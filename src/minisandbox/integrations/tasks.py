@@ -4,10 +4,13 @@ reward for what the agent left in /testbed."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import os
 import re
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +34,11 @@ def instance_id_from_image(image: str) -> str | None:
     return m.group("id").replace("_1776_", "__") if m else None
 
 
+# One load of a dataset at a time: lookups run in worker threads (resolve_task_async), and
+# concurrent first lookups of one dataset would each load (download) all of it.
+_load_lock = threading.Lock()
+
+
 @functools.lru_cache(maxsize=8)
 def _dataset(dataset: str, envs_dir: str | None) -> dict[str, Task]:
     tasks = load_tasks(dataset, envs_dir=Path(envs_dir) if envs_dir else None)
@@ -45,7 +53,8 @@ def resolve_task(
     if isinstance(task, Task):
         return task
     envs_dir = envs_dir or os.environ.get("MINISANDBOX_ENVS_DIR") or None
-    tasks = _dataset(os.fspath(dataset), envs_dir)
+    with _load_lock:
+        tasks = _dataset(os.fspath(dataset), envs_dir)
     wanted = task if task in tasks else instance_id_from_image(task) or task
     if wanted not in tasks:
         # Image names are lowercase (SWE-agent lowercases the ones it derives from ids).
@@ -56,6 +65,40 @@ def resolve_task(
             f"{dataset}: no task {task!r}", missing=[task], source=os.fspath(dataset)
         )
     return tasks[wanted]
+
+
+async def resolve_task_async(
+    task: str | Task, dataset: str | os.PathLike[str] = DEFAULT_DATASET, envs_dir: str | None = None
+) -> Task:
+    """`resolve_task` for async code: the first lookup in a dataset loads all of it (for a
+    Hugging Face dataset, a download), so it runs in a worker thread, off the event loop.
+
+    Raises:
+        TaskNotFoundError: `task` is no task of `dataset`.
+    """
+    if isinstance(task, Task):
+        return task
+    return await asyncio.to_thread(resolve_task, task, dataset, envs_dir)
+
+
+async def resolve_first(
+    names: Iterable[str | None],
+    dataset: str | os.PathLike[str] = DEFAULT_DATASET,
+    envs_dir: str | None = None,
+) -> Task | None:
+    """The task of the first of `names` (ids or SWE-bench image names; empty ones skipped)
+    that names one in `dataset`, looked up off the event loop; None when none does."""
+    candidates = [name for name in names if name]
+
+    def first() -> Task | None:
+        for name in candidates:
+            try:
+                return resolve_task(name, dataset, envs_dir)
+            except TaskNotFoundError:
+                continue
+        return None
+
+    return await asyncio.to_thread(first)
 
 
 async def task_runtime(cluster: str | None = None, *, builder: Builder | None = None) -> Runtime:

@@ -19,10 +19,16 @@ uni-agent finds providers and tasks in registries filled at import time, so a pr
 import this module before it builds one: in a verl run, name `run_task` below as the agent
 runner (`runner_fqn: minisandbox.integrations.verl.run_task`), which imports it in every
 worker and hands over to uni-agent's own runner.
+
+uni-agent's framework runs each runner under an `asyncio.run` of its own, so one worker sees a
+new event loop per episode, while a minisandbox sandbox (and the shared pool of `cluster:`)
+belongs to the loop that started it: every sandbox call is handed to minisandbox's own
+background loop (`on_loop`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shlex
 import time
@@ -30,12 +36,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from minisandbox.errors import CommandTimeoutError, SandboxNotRunningError, TaskNotBoundError
 from minisandbox.evaluation.evaluator import EvalResult
 from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task, task_runtime
 from minisandbox.sandbox.api import SandboxAPI, SessionAPI
+from minisandbox.sandbox.config import SandboxConfig as MiniSandboxConfig
+from minisandbox.sandbox.sync import on_loop
 from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.specs import Task as MiniTask
 
@@ -74,6 +82,30 @@ class MiniSandboxKwargs(BaseModel):
     sandbox: dict[str, Any] = Field(default_factory=dict)
     """minisandbox SandboxConfig fields for the agent sandbox (limits, network...)."""
 
+    @field_validator("sandbox")
+    @classmethod
+    def _sandbox_fields(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Checked here, not at start(), which uni-agent retries.
+        if unknown := sorted(set(value) - set(MiniSandboxConfig.model_fields)):
+            raise ValueError(
+                f"unknown SandboxConfig field {unknown[0]!r} "
+                f"(known: {', '.join(MiniSandboxConfig.model_fields)})"
+            )
+        return value
+
+
+def _kwargs_error(e: ValidationError) -> ValueError:
+    """One line naming each bad `sandbox_kwargs` entry (pydantic's message is a page)."""
+    problems = []
+    for err in e.errors():
+        where = ".".join(map(str, err["loc"]))
+        if err["type"] == "extra_forbidden":
+            known = ", ".join(MiniSandboxKwargs.model_fields)
+            problems.append(f"sandbox_kwargs: unknown key {where!r} (known: {known})")
+        else:
+            problems.append(f"sandbox_kwargs.{where}: {err['msg']}")
+    return ValueError(f"sandbox provider {PROVIDER!r}: {'; '.join(problems)}")
+
 
 def _unbound(what: str) -> TaskNotBoundError:
     return TaskNotBoundError(
@@ -86,8 +118,9 @@ def _unbound(what: str) -> TaskNotBoundError:
 @register_sandbox(PROVIDER)
 class MiniSandboxSandbox(Sandbox):  # type: ignore[misc]  # uni-agent is untyped
     """A task's agent sandbox as a uni-agent provider. Commands, files and native shells map to
-    the minisandbox sandbox's own; `expose_port` is not supported (no network namespace of its
-    own to publish from).
+    the minisandbox sandbox's own; `expose_port` is not supported (the sandbox's private network
+    namespace has only a loopback, which nothing outside reaches; with `network: true` it shares
+    the host's, where a port needs no publishing).
 
     Raises:
         TaskNotBoundError: (at construction) no task is named.
@@ -121,15 +154,14 @@ class MiniSandboxSandbox(Sandbox):  # type: ignore[misc]  # uni-agent is untyped
         """The sandbox a `provider: minisandbox` block describes (see `MiniSandboxKwargs`).
 
         Raises:
-            ValueError: `sandbox_kwargs` holds an unknown key.
+            ValueError: `sandbox_kwargs` holds an unknown key or a value of the wrong type.
             TaskNotBoundError: neither `sandbox_kwargs.task` nor a SWE-bench `image` names one.
+            TaskNotFoundError: the task is not in the dataset.
         """
-        if unknown := sorted(set(config.sandbox_kwargs) - set(MiniSandboxKwargs.model_fields)):
-            raise ValueError(
-                f"sandbox provider {PROVIDER!r}: sandbox_kwargs: unknown key {unknown[0]!r} "
-                f"(known: {', '.join(MiniSandboxKwargs.model_fields)})"
-            )
-        kw = MiniSandboxKwargs(**config.sandbox_kwargs)
+        try:
+            kw = MiniSandboxKwargs(**config.sandbox_kwargs)
+        except ValidationError as e:
+            raise _kwargs_error(e) from None
         task = kw.task
         if task is None and "image" in config.model_fields_set:
             task = config.image  # resolve_task maps SWE-bench image names to ids
@@ -149,13 +181,18 @@ class MiniSandboxSandbox(Sandbox):  # type: ignore[misc]  # uni-agent is untyped
     async def start(self) -> None:
         if self.task_sandbox is not None and self.task_sandbox.running:
             return
-        runtime = await task_runtime(self.cluster, builder=self.builder)
-        self.task_sandbox = TaskSandbox(self.task, runtime=runtime, **self.overrides)
-        await self.task_sandbox.start()
+
+        async def start() -> TaskSandbox:
+            runtime = await task_runtime(self.cluster, builder=self.builder)
+            ts = TaskSandbox(self.task, runtime=runtime, **self.overrides)
+            await ts.start()
+            return ts
+
+        self.task_sandbox = await on_loop(start())
 
     async def stop(self) -> None:
         if self.task_sandbox is not None:
-            await self.task_sandbox.stop()
+            await on_loop(self.task_sandbox.stop())
 
     async def is_alive(self) -> bool:
         return self.task_sandbox is not None and self.task_sandbox.running
@@ -169,23 +206,25 @@ class MiniSandboxSandbox(Sandbox):  # type: ignore[misc]  # uni-agent is untyped
         env: dict[str, str] | None = None,
     ) -> ExecResult:
         # A CommandTimeoutError is a TimeoutError: uni-agent's `exec` reports it as exit -1.
-        r = await self.sandbox.execute(list(argv), cwd=workdir, env=env, timeout=timeout)
+        r = await on_loop(self.sandbox.execute(list(argv), cwd=workdir, env=env, timeout=timeout))
         return ExecResult(exit_code=r.exit_code, stdout=r.stdout, stderr=r.stderr)
 
     async def read_file(self, path: str) -> bytes:
-        return await self.sandbox.read_file(path)
+        return await on_loop(self.sandbox.read_file(path))
 
     async def write_file(self, path: str, content: bytes | str) -> None:
-        await self.sandbox.write_file(path, content)
+        await on_loop(self.sandbox.write_file(path, content))
 
     async def upload(self, local_path: Path | str, remote_path: str) -> None:
-        await self.sandbox.upload(local_path, remote_path)
+        await on_loop(self.sandbox.upload(local_path, remote_path))
 
     async def open_shell(
         self, *, cwd: str | None = None, env: dict[str, str] | None = None
     ) -> _Shell:
         """A persistent shell of the sandbox (cwd and variables carry over between runs)."""
-        session = await self.sandbox.create_session(f"uni-agent-{next(_SESSIONS)}", env=env)
+        session = await on_loop(
+            self.sandbox.create_session(f"uni-agent-{next(_SESSIONS)}", env=env)
+        )
         shell = _Shell(session)
         if cwd:
             await shell.run(f"cd {shlex.quote(cwd)}", timeout=30)
@@ -195,14 +234,18 @@ class MiniSandboxSandbox(Sandbox):  # type: ignore[misc]  # uni-agent is untyped
         """What the agent changed in /testbed, as a patch against the task's base commit."""
         if self.task_sandbox is None:
             raise SandboxNotRunningError("the sandbox is not started")
-        return await self.task_sandbox.diff()
+        return await on_loop(self.task_sandbox.diff())
 
     async def evaluate(self, patch: str) -> EvalResult:
         """Grade `patch` for the task in a fresh sandbox (this one may be stopped)."""
-        ts = self.task_sandbox or TaskSandbox(
-            self.task, runtime=await task_runtime(self.cluster, builder=self.builder)
-        )
-        return await ts.evaluate(patch, timeout=self.eval_timeout)
+
+        async def grade() -> EvalResult:
+            ts = self.task_sandbox or TaskSandbox(
+                self.task, runtime=await task_runtime(self.cluster, builder=self.builder)
+            )
+            return await ts.evaluate(patch, timeout=self.eval_timeout)
+
+        return await on_loop(grade())
 
 
 class _Shell:
@@ -217,17 +260,23 @@ class _Shell:
         Raises:
             TimeoutError: it ran past `timeout`; it was interrupted, the shell is usable again.
         """
-        try:
-            r = await self.session.run(command, timeout=timeout)
-        except CommandTimeoutError as e:
-            await self.session.interrupt()
-            raise TimeoutError(f"command timed out after {timeout}s; output:\n{e.output}") from e
-        return ExecResult(
-            exit_code=-1 if r.exit_code is None else r.exit_code, stdout=r.output, stderr=""
-        )
+
+        async def run() -> ExecResult:
+            try:
+                r = await self.session.run(command, timeout=timeout)
+            except CommandTimeoutError as e:
+                await self.session.interrupt()
+                raise TimeoutError(
+                    f"command timed out after {timeout}s; output:\n{e.output}"
+                ) from e
+            return ExecResult(
+                exit_code=-1 if r.exit_code is None else r.exit_code, stdout=r.output, stderr=""
+            )
+
+        return await on_loop(run())
 
     async def close(self) -> None:
-        await self.session.close()
+        await on_loop(self.session.close())
 
 
 class MiniSandboxTaskConfig(TaskConfig):  # type: ignore[misc]  # uni-agent is untyped
@@ -281,7 +330,8 @@ class MiniSandboxTask(Task):  # type: ignore[misc]  # uni-agent is untyped
                 f"task {TASK_NAME!r} has no agent: set `agent.name` (e.g. react) or "
                 "`run_gold_patch: true`"
             )
-        sandbox = self.build_sandbox()
+        # Off the event loop: the first lookup in a dataset loads (downloads) all of it.
+        sandbox = await asyncio.to_thread(self.build_sandbox)
         t0 = time.monotonic()
         finished: bool | None = True
         info: dict[str, Any] = {}
