@@ -96,6 +96,7 @@ class ScriptedClient(InferenceEngineInterface):
         (session,) = input_batch["session_ids"]
         (prompt,) = input_batch["prompt_token_ids"]
         name = session.removesuffix("_0")  # SkyRL's session id: <instance id>_<repetition>
+        assert session not in self.finished, f"{session} was finished while its episode ran"
         self.calls[name] += 1
         self.prompts[name].append(list(prompt))
         text = self.scripts[name].pop(0)
@@ -367,6 +368,47 @@ async def test_mini_swe_agent_generator_gold_1_empty_0_max_turns(
         f"{[x['turns'] for x in m]}, start {[round(x['start_s'], 3) for x in m]}s, "
         f"agent {[round(x['agent_s'], 3) for x in m]}s, eval {[round(x['eval_s'], 2) for x in m]}s"
     )
+
+
+async def test_mini_swe_agent_generator_a_failed_row_does_not_fail_the_batch(
+    store_env: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A row whose task does not exist (its sandbox never starts) and one whose extras name no
+    task (its episode raises) come back as reward 0 with a fully masked response, beside a gold
+    row that still runs to its end (its session is not finished under it: the client checks)."""
+    from skyrl.train.utils.trainer_utils import validate_generator_output
+
+    tok = chatml_tokenizer()
+    cfg = load_config(
+        [ENTRY, "generator.mini_swe_agent.enabled=true", "generator.max_turns=3", LONG_INPUT]
+    )
+    client = ScriptedClient(
+        tok, {"gold": [mswea(APPLY_GOLD), mswea(SUBMIT)], "missing": [], "untasked": []}
+    )
+    generator = make_generator(cfg, tok, client)
+    rows = {
+        "missing": {"task": "examples__no-such-task-1"},
+        "untasked": {"problem_statement": "no task named"},
+        "gold": {"task": TASK},
+    }
+    with caplog.at_level("WARNING", logger="minisandbox.integrations.skyrl_train"):
+        out = await generator.generate(batch(rows))
+
+    assert out["rewards"] == [0.0, 0.0, 1.0]
+    assert client.calls == {"gold": 2, "missing": 0, "untasked": 0}
+    assert sorted(client.finished) == ["gold_0", "missing_0", "untasked_0"]
+    validate_generator_output(3, out)  # SkyRL's own check of a batch it trains on
+    for k in (0, 1):
+        assert out["response_ids"][k] == [tok.eos_token_id] and out["loss_masks"][k] == [0]
+        assert out["stop_reasons"][k] == "error" and out["env_metrics"][k]["failed"] == 1.0
+        assert "Fix the bug in /testbed." in tok.decode(out["prompt_token_ids"][k])
+    assert sum(out["loss_masks"][2]) > 0 and out["env_metrics"][2]["failed"] == 0.0
+    assert "no-such-task" in out["env_metrics"][0]["error"]
+    assert "must name its task" in out["env_metrics"][1]["error"]
+    assert out["rollout_metrics"]["environment/failed"] == pytest.approx(2 / 3)
+    logged = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    for k, name in enumerate(["missing_0", "untasked_0"]):
+        assert any(f"row {k} (session {name}" in m for m in logged), logged
 
 
 def test_mini_swe_agent_generator_refuses_bad_settings() -> None:

@@ -235,6 +235,55 @@ def test_plain_deployment_without_a_repository_fails_before_the_model(
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("*.traj"))
 
 
+def test_single_config_ids_by_task_and_never_fetches_an_issue(tmp_path: Path) -> None:
+    """`complete_single` replaces the id SWE-agent hashed from a text or a file by the task id,
+    keeps an id that was given, and leaves a GitHub issue's id alone without reading the issue
+    (that would fetch it from GitHub: any name lookup or connection here fails the test)."""
+    import threading
+
+    from sweagent.agent.problem_statement import (
+        FileProblemStatement,
+        GithubIssue,
+        TextProblemStatement,
+    )
+    from sweagent.run.run_single import RunSingleConfig
+
+    from minisandbox.integrations.sweagent import complete_single
+
+    issue_file = tmp_path / "issue.md"
+    issue_file.write_text("Fix the table.")
+    cases = [
+        (TextProblemStatement(text="Fix the table."), TASK),
+        (FileProblemStatement(path=issue_file), TASK),
+        (TextProblemStatement(text="Fix the table.", id="given"), "given"),
+        (
+            GithubIssue(github_url="https://github.com/no-owner/no-repo/issues/7"),
+            "no-owner__no-repo-i7",
+        ),
+    ]
+    network: list[str] = []
+    watched = threading.get_ident()
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event in ("socket.getaddrinfo", "socket.connect") and threading.get_ident() == watched:
+            network.append(f"{event}{args[:2]}")
+
+    sys.addaudithook(hook)  # audit hooks stay for the process: `watched` is reset below
+    try:
+        for statement, want in cases:
+            config = RunSingleConfig(
+                agent={"model": {"name": "instant_empty_submit"}},
+                env={"deployment": {"type": "minisandbox", "task": TASK}},
+                problem_statement=statement,
+            )
+            complete_single(config)
+            assert config.problem_statement.id == want, statement
+            assert config.env.repo is not None and config.env.repo.repo_name == "testbed"
+    finally:
+        watched = -1
+    assert network == [], "the GitHub issue was fetched"
+
+
 async def test_sweagent_empty_submission_scores_zero(
     built: list, settings: BuildSettings, task: Task, tmp_path: Path
 ) -> None:

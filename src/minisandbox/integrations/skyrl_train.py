@@ -20,6 +20,7 @@ Both end an episode after `generator.max_turns` model turns.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import sys
 import time
@@ -41,6 +42,8 @@ from minisandbox.integrations.skyrl import (
 )
 from minisandbox.integrations.skyrl_config import MiniSandboxTrainConfig, MiniSWEAgentConfig
 from minisandbox.tasks.builder import Builder
+
+logger = logging.getLogger(__name__)
 
 ENTRYPOINT_ARG = "trainer.override_entrypoint="
 # mini-swe-agent 2.x's text format (its swebench_backticks config).
@@ -273,7 +276,9 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
     `instance` record, whose `problem_statement` the agent gets; else the task's own) and may
     set `dataset`. The prompt column is not used: the agent's templates make the prompt.
     Sandbox settings come from `environment.skyrl_gym.minisandbox_swe`, the agent's from
-    `generator.mini_swe_agent`; `generator.max_turns` caps the agent's model calls."""
+    `generator.mini_swe_agent`; `generator.max_turns` caps the agent's model calls. A row whose
+    episode fails (its sandbox does not start, its extras name no task) does not fail the batch:
+    it is logged and trained as reward 0 with its response masked, its error in `env_metrics`."""
 
     def __init__(
         self,
@@ -397,17 +402,9 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
         return _Episode(rollout, model, time.monotonic() - t)
 
     def _output_of(self, episode: _Episode) -> tuple[list[int], list[int], list[int], Any, str]:
-        """(prompt ids, response ids, loss mask, logprobs, stop reason) of an episode.
-
-        Raises:
-            RuntimeError: the episode never reached the model (its task could not be started).
-        """
+        """(prompt ids, response ids, loss mask, logprobs, stop reason) of an episode that
+        reached the model."""
         model, rollout = episode.model, episode.rollout
-        if not model.turns:
-            raise RuntimeError(
-                f"{ENV_ID} episode failed before the model's first turn: {rollout.error} "
-                f"(check the row's task and {CONFIG_PATH}.dataset)"
-            )
         kwargs = dict(self.generator_cfg.chat_template_kwargs or {})
         prompt, response, mask, logprobs = trajectory_tokens(
             model.turns, rollout.messages, self.tokenizer, kwargs
@@ -423,6 +420,72 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
             logprobs = logprobs[:budget] if logprobs is not None else None
             stop_reason = "length"
         return prompt, response, mask, logprobs, stop_reason
+
+    def _failed_output(self, prompt: Any) -> tuple[list[int], list[int], list[int], Any, str]:
+        """The output of a row whose episode failed (its sandbox did not start, its extras name
+        no task, ...): the row's prompt column as the prompt and a lone EOS with loss 0 as the
+        response, so the batch stays trainable and this row teaches nothing."""
+        ids = self.tokenizer.apply_chat_template(
+            prompt,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            **dict(self.generator_cfg.chat_template_kwargs or {}),
+        )
+        return list(ids), [self.tokenizer.eos_token_id], [0], [0.0], "error"
+
+    def _row(
+        self,
+        index: int,
+        result: _Episode | BaseException,
+        session: str,
+        extras: dict[str, Any],
+        prompt: Any,
+    ) -> tuple[tuple[list[int], list[int], list[int], Any, str], float, dict[str, Any], float]:
+        """A row's (output, reward, env metrics, seconds). A failed row (its episode raised,
+        never reached the model, or gave no tokens) is logged and trained as reward 0 with its
+        response masked; its error is in its env metrics (`failed` is 1.0).
+
+        Raises:
+            BaseException: `result` is an interrupt (not an `Exception`), re-raised.
+        """
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result
+        metrics: dict[str, Any] = {"resolved": 0.0, "turns": 0.0}
+
+        def failed(error: str) -> tuple[Any, float, dict[str, Any], float]:
+            logger.warning(
+                "%s row %d (session %s, extras %r) failed; trained as reward 0 with its "
+                "response masked: %s (check the row's task and %s.dataset)",
+                ENV_ID,
+                index,
+                session,
+                extras,
+                error,
+                CONFIG_PATH,
+            )
+            metrics.update(error=error, failed=1.0)
+            return self._failed_output(prompt), 0.0, metrics, 0.0
+
+        if isinstance(result, Exception):
+            return failed(f"{type(result).__name__}: {result}")
+        rollout = result.rollout
+        metrics.update(
+            resolved=float(bool(rollout.result and rollout.result.resolved)),
+            turns=float(len(result.model.turns)),
+            failed=0.0,
+            **rollout.timings,
+        )
+        if rollout.error:
+            metrics["error"] = rollout.error  # per row; SkyRL aggregates the numbers only
+        if not result.model.turns:
+            return failed(f"failed before the model's first turn: {rollout.error}")
+        try:
+            output = self._output_of(result)
+        except Exception as e:
+            logger.exception("%s row %d (session %s): no tokens", ENV_ID, index, session)
+            return failed(f"{type(e).__name__}: {e}")
+        return output, float(rollout.reward), metrics, result.seconds
 
     # ------------------------------------------------------------------ SkyRL's interface
 
@@ -462,21 +525,21 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
                 )
             )
         try:
-            episodes: list[_Episode] = list(await asyncio.gather(*jobs))
+            # Every episode is waited for, failed or not, before its session is finished: a
+            # failure must neither end the batch nor leave other rows running in their threads.
+            results = await asyncio.gather(*jobs, return_exceptions=True)
         finally:
             for session in sessions:  # frees what session-aware routing holds for them
                 await self.client.finish_session(session)
-        outputs = [self._output_of(e) for e in episodes]
-        rewards = [float(e.rollout.reward) for e in episodes]
-        responses = [o[1] for o in outputs]
-        env_metrics = [
-            {
-                "resolved": float(bool(e.rollout.result and e.rollout.result.resolved)),
-                "turns": float(len(e.model.turns)),
-                **e.rollout.timings,
-            }
-            for e in episodes
+        rows = [
+            self._row(i, result, sessions[i], extras[i], input_batch["prompts"][i])
+            for i, result in enumerate(results)
         ]
+        outputs = [r[0] for r in rows]
+        rewards = [r[1] for r in rows]
+        env_metrics = [r[2] for r in rows]
+        seconds = [r[3] for r in rows]
+        responses = [o[1] for o in outputs]
         logprobs = [o[3] for o in outputs]
         return {
             "prompt_token_ids": [o[0] for o in outputs],
@@ -485,11 +548,11 @@ class MiniSWEAgentGenerator(GeneratorInterface):  # type: ignore[misc]  # skyrl 
             "loss_masks": [o[2] for o in outputs],
             "stop_reasons": [o[4] for o in outputs],
             "rollout_metrics": get_rollout_metrics(
-                responses, rewards, env_metrics, [ENV_ID] * len(episodes)
+                responses, rewards, env_metrics, [ENV_ID] * len(outputs)
             ),
             "rollout_logprobs": None if any(lp is None for lp in logprobs) else logprobs,
             "trajectory_ids": ids,
-            "trajectory_generation_times": [e.seconds for e in episodes],
+            "trajectory_generation_times": seconds,
             "env_metrics": env_metrics,
         }
 

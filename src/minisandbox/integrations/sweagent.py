@@ -28,12 +28,16 @@ import json
 import sys
 import typing
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from minisandbox import errors
 from minisandbox.integrations import swerex as _swerex
 from minisandbox.integrations.swerex import MiniSandboxDeploymentConfig
 from minisandbox.integrations.tasks import resolve_task
+
+if TYPE_CHECKING:  # SWE-agent is optional (and not on PyPI): without it these are Any to mypy
+    from sweagent.environment.swe_env import EnvironmentConfig
+    from sweagent.run.run_single import RunSingleConfig
 
 __all__ = ["complete_env", "complete_single", "main", "register", "registered"]
 
@@ -75,7 +79,7 @@ def register() -> None:
         )
 
 
-def complete_env(env: Any) -> None:
+def complete_env(env: EnvironmentConfig) -> None:
     """Fill in what a minisandbox deployment implies in SWE-agent's EnvironmentConfig `env`:
     a task's repository is /testbed (`repo_name: testbed`), unless `env.repo` names one.
 
@@ -97,16 +101,22 @@ def complete_env(env: Any) -> None:
     env.repo = PreExistingRepoConfig(repo_name=REPO_NAME)
 
 
-def _hashed_id(problem_statement: Any) -> bool:
-    """SWE-agent ids a problem statement given without an id by a hash of its text."""
+def _hashed_id(problem_statement: object) -> bool:
+    """Whether SWE-agent gave `problem_statement` its default id: for a text or a file given
+    without an id, a hash of the text. Other statements (a GitHub issue: reading its text is a
+    network fetch) have ids of their own and are not read."""
+    from sweagent.agent.problem_statement import FileProblemStatement, TextProblemStatement
+
+    if not isinstance(problem_statement, TextProblemStatement | FileProblemStatement):
+        return False
     try:
         text = problem_statement.get_problem_statement()
-    except Exception:  # (a GitHub issue: fetching its text is not our business here)
+    except OSError:  # a file that went away: SWE-agent reports that itself
         return False
     return bool(problem_statement.id == hashlib.sha256(text.encode()).hexdigest()[:6])
 
 
-def complete_single(config: Any) -> None:
+def complete_single(config: RunSingleConfig) -> None:
     """Complete SWE-agent's RunSingleConfig for a task deployment: its repository
     (`complete_env`), the task's problem statement when none is given, and the task id as the
     problem statement's id unless one was given (SWE-agent's would be a hash or a uuid, and its
