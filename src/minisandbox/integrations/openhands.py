@@ -15,9 +15,13 @@ calls and its tools (terminal, file editor) all run inside. The sandbox keeps it
 namespace with nothing but loopback, where the server listens (127.0.0.1). The host reaches it
 without opening that namespace: a helper enters it only to create sockets, which it hands back
 (SCM_RIGHTS); the host connects them to the server, so each connection of the SDK's clients to
-a host-loopback relay port is carried by a socket of the sandbox's namespace. The server
-answers only requests with the workspace's random session key. The other way, the server reaches its
-LLM, and only that (`llm_urls`), through the sandbox's egress proxy (sandbox/egress.py).
+a host-loopback relay port is carried by a socket of the sandbox's namespace. The agent's
+commands run in that sandbox too and could replace the server, so the relay does not trust it: it
+carries connections only from processes of this process's user (the TCP peer's owner, from
+/proc/net/tcp), at most 64 at a time. Files go in and out through the sandbox's own file API
+(capped reads), not through the server. The server answers only requests with the workspace's
+random session key. The other way, the server reaches its LLM, and only that (`llm_urls`),
+through the sandbox's egress proxy (sandbox/egress.py).
 
 The server's Python environment (by default this process's: the SDK's packages beside
 minisandbox) is bound read-only into the sandbox, at its own path.
@@ -27,14 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import json
 import logging
 import os
+import posixpath
 import secrets
 import socket
+import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,7 +51,7 @@ import httpx
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 try:
-    from openhands.sdk.workspace import CommandResult, RemoteWorkspace
+    from openhands.sdk.workspace import CommandResult, FileOperationResult, RemoteWorkspace
 except ImportError as e:  # pragma: no cover - depends on the environment
     raise ImportError(
         f"minisandbox.integrations.openhands needs the OpenHands SDK ({e}): pip install "
@@ -51,15 +59,14 @@ except ImportError as e:  # pragma: no cover - depends on the environment
         "swe-minisandbox: scripts/test-stack openhands)"
     ) from e
 
-from minisandbox.errors import AgentEnvironmentError, SandboxConfigError
-from minisandbox.evaluation import purposes
+from minisandbox.errors import AgentEnvironmentError, MiniSandboxError, SandboxConfigError
 from minisandbox.evaluation.evaluator import EvalResult
-from minisandbox.evaluation.validation import check_validated
 from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
 from minisandbox.runtime import Runtime
-from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.sandbox.config import Limits
 from minisandbox.sandbox.egress import EgressPolicy
+from minisandbox.sandbox.files import READ_MAX_BYTES
+from minisandbox.sandbox.hostpython import hidden_dirs
 from minisandbox.sandbox.sync import background_loop, run_sync
 
 __all__ = ["MiniSandboxWorkspace"]
@@ -69,19 +76,21 @@ logger = logging.getLogger(__name__)
 _SERVER_HOST = "127.0.0.1"  # inside the sandbox: its own loopback
 _SERVER_DIR = "/tmp/openhands-agent-server"  # its conversations and settings: not in /testbed
 _SYSTEM = ("/usr/", "/bin/", "/lib", "/sbin/", "/etc/")  # bound into every sandbox already
+_MAX_CONNECTIONS = 64  # carried by the relay at once (each holds descriptors here and inside)
 
-# Runs on the host, in the sandbox's user (unprivileged callers) and network namespaces:
-# for every byte read on the descriptor argv[2], a new TCP socket of that namespace is sent
-# back; the host connects it (a socket's namespace is the one it was created in).
+# Runs on the host: enters the namespaces whose descriptors argv[2:] name ("net:5"; the
+# sandbox's user namespace first for unprivileged callers), then, for every byte read on the
+# descriptor argv[1], sends back a new TCP socket of that network namespace; the host connects
+# it (a socket's namespace is the one it was created in).
 _SOCKETS = r"""
 import ctypes, os, socket, sys
 libc = ctypes.CDLL(None, use_errno=True)
-for ns in sys.argv[3:]:
-    fd = os.open(f"/proc/{sys.argv[1]}/ns/{ns}", os.O_RDONLY)
-    if libc.setns(fd, 0) != 0:
+for arg in sys.argv[2:]:
+    ns, fd = arg.split(":")
+    if libc.setns(int(fd), 0) != 0:
         sys.exit(f"setns {ns}: {os.strerror(ctypes.get_errno())}")
-    os.close(fd)
-back = socket.socket(fileno=int(sys.argv[2]))
+    os.close(int(fd))
+back = socket.socket(fileno=int(sys.argv[1]))
 while back.recv(1):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     socket.send_fds(back, [b"s"], [s.fileno()])
@@ -106,27 +115,75 @@ api = os.path.join(found[0].submodule_search_locations[0], "api.py")
 paths = sysconfig.get_paths()
 print(json.dumps({
     "bind": [sys.prefix, sys.base_prefix, *dirs],
+    "modules": dirs,
     "site": sorted({paths["purelib"], paths["platlib"]}),
     "compiled": os.path.exists(u.cache_from_source(api)),
 }))
 """
 
 
-class _NamespaceSockets:
-    """New sockets of a sandbox's network namespace, from a helper living in it."""
+def _namespace_fds(pid: int, names: list[str], alive: Callable[[], bool]) -> dict[str, int]:
+    """Descriptors of the namespaces `names` of process `pid`, the sandbox's init while
+    `alive()`. They are opened through a descriptor of /proc/<pid>, which stays that process's
+    (once it is gone, nothing opens through it, whichever process gets its number next), and
+    `alive()` is asked once that descriptor is held: a recycled pid cannot lead into another
+    process's namespaces.
 
-    def __init__(self, pid: int) -> None:
-        namespaces = ["net"] if os.geteuid() == 0 else ["user", "net"]
-        self._ours, theirs = socket.socketpair()
-        with theirs:
-            argv = [sys.executable, "-I", "-S", "-c", _SOCKETS, str(pid), str(theirs.fileno())]
-            self._helper = subprocess.Popen(
-                [*argv, *namespaces],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+    Raises:
+        AgentEnvironmentError: the process is gone, or the sandbox is no longer running.
+    """
+    fds: dict[str, int] = {}
+    try:
+        proc = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as e:
+        raise AgentEnvironmentError(
+            f"cannot open a connection into the sandbox: its process {pid} is gone ({e})"
+        ) from e
+    try:
+        if not alive():
+            raise AgentEnvironmentError(
+                "cannot open a connection into the sandbox: it is not running"
             )
+        for name in names:
+            fds[name] = os.open(f"ns/{name}", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    except BaseException as e:
+        for fd in fds.values():
+            os.close(fd)
+        if isinstance(e, OSError):
+            raise AgentEnvironmentError(
+                f"cannot open a connection into the sandbox: its namespaces: {e}"
+            ) from e
+        raise
+    finally:
+        os.close(proc)
+    return fds
+
+
+class _NamespaceSockets:
+    """New sockets of a sandbox's network namespace, from a helper living in it. `pid` is the
+    sandbox's init, which `alive()` says still runs.
+
+    Raises:
+        AgentEnvironmentError: the sandbox's process is gone or the sandbox is not running.
+    """
+
+    def __init__(self, pid: int, alive: Callable[[], bool]) -> None:
+        names = ["net"] if os.geteuid() == 0 else ["user", "net"]
+        fds = _namespace_fds(pid, names, alive)
+        try:
+            self._ours, theirs = socket.socketpair()
+            with theirs:
+                argv = [sys.executable, "-I", "-S", "-c", _SOCKETS, str(theirs.fileno())]
+                self._helper = subprocess.Popen(
+                    [*argv, *(f"{name}:{fd}" for name, fd in fds.items())],
+                    pass_fds=(theirs.fileno(), *fds.values()),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+        finally:
+            for fd in fds.values():
+                os.close(fd)
         self._lock = threading.Lock()
 
     def new(self) -> socket.socket:
@@ -142,33 +199,85 @@ class _NamespaceSockets:
                 _msg, fds, _flags, _addr = socket.recv_fds(self._ours, 16, 1)
         if not fds:
             err = b""
-            if self._helper.poll() is not None and self._helper.stderr is not None:
-                err = self._helper.stderr.read()
+            # (stderr is closed by a concurrent close(): then there is nothing to tell)
+            with contextlib.suppress(OSError, ValueError):
+                if self._helper.poll() is not None and self._helper.stderr is not None:
+                    err = self._helper.stderr.read()
             raise AgentEnvironmentError(
                 f"cannot open a connection into the sandbox: {err.decode(errors='replace')}"
             )
         return socket.socket(fileno=fds[0])
 
     def close(self) -> None:
-        self._ours.close()  # the helper reads EOF and exits
-        try:
-            self._helper.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._helper.kill()
-            self._helper.wait()
+        """Stop the helper, at once: a `new()` waiting for it gets no socket."""
+        # A shutdown, not just a close, wakes a thread blocked on the socket in new() (a
+        # close would wait for that thread, and so would the helper's EOF).
+        with contextlib.suppress(OSError):
+            self._ours.shutdown(socket.SHUT_RDWR)
+        self._ours.close()
+        self._helper.kill()  # it holds nothing worth waiting for
+        self._helper.wait()
         if self._helper.stderr is not None:
             self._helper.stderr.close()
 
 
-class _Relay:
-    """A host-loopback port whose connections go to `port` on the sandbox's loopback."""
+def _proc_net_address(field: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """An address:port of /proc/net/tcp{,6}: the address's 32-bit words in the host's byte
+    order, in hex; the port in hex."""
+    addr, port = field.split(":")
+    raw = b"".join(struct.pack("=I", int(addr[i : i + 8], 16)) for i in range(0, len(addr), 8))
+    return _plain_ip(ipaddress.ip_address(raw)), int(port, 16)
 
-    def __init__(self, sockets: _NamespaceSockets, port: int) -> None:
+
+def _plain_ip(
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address,
+) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """`ip`, an IPv4-mapped IPv6 address as the IPv4 one."""
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return mapped if mapped is not None else ip
+
+
+def tcp_peer_uid(peer: tuple[Any, ...], local: tuple[Any, ...]) -> int | None:
+    """The user owning the TCP socket of this host (this network namespace) at `peer` that is
+    connected to `local` (an accepted connection's two ends), from /proc/net/tcp and tcp6;
+    None when there is no such socket (the peer is gone, or not of this network namespace).
+    Users are numbered as this process's user namespace numbers them."""
+    want = (_plain_ip(ipaddress.ip_address(peer[0])), int(peer[1]))
+    ours = (_plain_ip(ipaddress.ip_address(local[0])), int(local[1]))
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    if len(fields) < 8:
+                        continue
+                    # The peer's socket: its local address is the peer, its remote is ours.
+                    if tuple(map(_proc_net_address, fields[1:3])) == (want, ours):
+                        return int(fields[7])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+class _Relay:
+    """A host-loopback port whose connections go to `port` on the sandbox's loopback: only
+    those of processes of this process's user, `max_connections` at a time. (Whatever listens
+    on that port inside may be the agent's own program: the relay must not be a way in for
+    other users of the host.)"""
+
+    def __init__(
+        self, sockets: _NamespaceSockets, port: int, *, max_connections: int = _MAX_CONNECTIONS
+    ) -> None:
         self._sockets = sockets
         self._port = port
+        self._max = max_connections
+        self._active = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.port = 0
+        self.refused: list[str] = []
+        """Why connections were refused (the last 100)."""
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -182,8 +291,34 @@ class _Relay:
         if self._server is not None:
             await self._server.wait_closed()
 
+    def _refuse(self, writer: asyncio.StreamWriter, why: str) -> None:
+        logger.warning("relay of the agent server: refused a connection: %s", why)
+        self.refused.append(why)
+        del self.refused[:-100]
+        writer.close()
+
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._active >= self._max:
+            self._refuse(writer, f"{self._max} connections already (the cap)")
+            return
+        self._active += 1
         self._writers.add(writer)
+        try:
+            await self._serve_allowed(reader, writer)
+        finally:
+            self._active -= 1
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _serve_allowed(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        peer, local = writer.get_extra_info("peername"), writer.get_extra_info("sockname")
+        uid = await asyncio.to_thread(tcp_peer_uid, peer, local)
+        if uid != os.geteuid():
+            owner = "an unknown user" if uid is None else f"user {uid}"
+            self._refuse(writer, f"from {peer[0]}:{peer[1]}, a socket of {owner}")
+            return
         try:
             sock = await asyncio.to_thread(self._sockets.new)
             sock.setblocking(False)
@@ -195,16 +330,13 @@ class _Relay:
             inner_reader, inner_writer = await asyncio.open_connection(sock=sock)
         except (OSError, AgentEnvironmentError) as e:
             logger.debug("relay: no connection to the agent server: %s", e)
-            self._writers.discard(writer)
-            writer.close()
             return
         self._writers.add(inner_writer)
         try:
             await asyncio.gather(_copy(reader, inner_writer), _copy(inner_reader, writer))
         finally:
-            writer.close()
             inner_writer.close()
-            self._writers.difference_update((writer, inner_writer))
+            self._writers.discard(inner_writer)
 
 
 async def _copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -252,7 +384,8 @@ def server_paths(python: str, *, compile_bytecode: bool = True) -> list[Path]:
     they would be compiled again, in memory, at every start of a server).
 
     Raises:
-        SandboxConfigError: `python` cannot run or has no openhands-agent-server.
+        SandboxConfigError: `python` cannot run or has no openhands-agent-server, or has it
+            among an interpreter's own packages (which sandboxes hide: sandbox.hostpython).
     """
     try:
         r = subprocess.run(
@@ -280,38 +413,17 @@ def server_paths(python: str, *, compile_bytecode: bool = True) -> list[Path]:
         if str(d).startswith(_SYSTEM) or any(d.is_relative_to(k) for k in keep):
             continue
         keep.append(d)
+    # Sandboxes cover the packages of every interpreter prefix they bind (and /usr's).
+    hidden = hidden_dirs(keep)
+    for d in map(Path, found["modules"]):
+        covered = next((h for h in hidden if d.is_relative_to(h)), None)
+        if covered is not None:
+            raise SandboxConfigError(
+                f"server_python: {python} has the agent server among an interpreter's own "
+                f"packages ({covered}), which sandboxes hide: set server_python to the Python "
+                "of a venv with openhands-agent-server and openhands-tools"
+            )
     return keep
-
-
-class _ServerSandbox(TaskSandbox):
-    """The task's agent sandbox with the server's environment bound in (`ro_paths`)."""
-
-    def __init__(self, task: Any, *, ro_paths: list[Path], **kwargs: Any) -> None:
-        super().__init__(task, **kwargs)
-        self._ro_paths = ro_paths
-
-    async def start(self) -> SandboxAPI:
-        if self._sandbox is not None:
-            return self._sandbox
-        if self.task is None:
-            self.overrides["ro_paths"] = self._ro_paths
-            return await super().start()
-        # Runtime.sandbox's path for an agent's sandbox, with more read-only binds than the
-        # task's own (its overrides cannot add to those).
-        runtime, task = self.runtime, self.task
-        if purposes.spec("agent").validation_policy and runtime.builder.settings.require_validated:
-            check_validated(runtime.builder, task)
-        overrides = dict(self.overrides)
-        layers = await runtime.layers(task, "agent", build=overrides.pop("build", None))
-        layers = layers.model_copy(update={"ro_paths": sorted({*layers.ro_paths, *self._ro_paths})})
-        stack = contextlib.AsyncExitStack()
-        try:
-            sb = await stack.enter_async_context(runtime.backend.open(layers, **overrides))
-        except BaseException:
-            await stack.aclose()
-            raise
-        self._stack, self._sandbox = stack, sb
-        return sb
 
 
 class MiniSandboxWorkspace(RemoteWorkspace):
@@ -349,6 +461,8 @@ class MiniSandboxWorkspace(RemoteWorkspace):
     """More environment variables for the agent server (and the agent's commands)."""
     limits: Limits = Field(default_factory=Limits)
     """The sandbox's resource limits."""
+    download_max_bytes: int = Field(default=READ_MAX_BYTES, ge=0)
+    """The largest file `file_download` copies out of the sandbox (a larger one fails)."""
     startup_timeout: float = 600.0
     """Seconds to wait for the sandbox (a build of the task included) and the server."""
     server_lifetime: float = 7 * 24 * 3600.0
@@ -356,7 +470,7 @@ class MiniSandboxWorkspace(RemoteWorkspace):
     runtime: Runtime | None = Field(default=None, exclude=True)
     """Where sandboxes and grades come from (default: this host's, over the default store)."""
 
-    _box: _ServerSandbox | None = PrivateAttr(default=None)
+    _box: TaskSandbox | None = PrivateAttr(default=None)
     _sockets: _NamespaceSockets | None = PrivateAttr(default=None)
     _relay: _Relay | None = PrivateAttr(default=None)
     _server: asyncio.Task[Any] | None = PrivateAttr(default=None)
@@ -407,11 +521,14 @@ class MiniSandboxWorkspace(RemoteWorkspace):
         paths = await asyncio.to_thread(
             server_paths, python, compile_bytecode=self.compile_bytecode
         )
-        task = resolve_task(self.task, self.dataset, self.envs_dir) if self.task else None
-        overrides: dict[str, Any] = {"egress": policy, "limits": self.limits}
+        task = None
+        if self.task:  # (loading a dataset may download it: not on the shared loop)
+            task = await asyncio.to_thread(resolve_task, self.task, self.dataset, self.envs_dir)
+        # The server's environment: more read-only binds, beside the task's own.
+        overrides: dict[str, Any] = {"egress": policy, "limits": self.limits, "ro_paths": paths}
         if task is not None:
             overrides["build"] = self.build
-        box = self._box = _ServerSandbox(task, ro_paths=paths, runtime=self.runtime, **overrides)
+        box = self._box = TaskSandbox(task, runtime=self.runtime, **overrides)
         sb = await box.start()
         env = {
             "SESSION_API_KEY": key,
@@ -448,7 +565,7 @@ class MiniSandboxWorkspace(RemoteWorkspace):
                 "MiniSandboxWorkspace needs its sandbox on this host (the runtime's backend "
                 "runs it elsewhere): use a Runtime of this host"
             )
-        self._sockets = _NamespaceSockets(sb.pid)
+        self._sockets = _NamespaceSockets(sb.pid, lambda: sb.running)
         self._relay = _Relay(self._sockets, self.server_port)
         await self._relay.start()
         await self._wait_healthy(self._relay.port, key)
@@ -514,6 +631,49 @@ class MiniSandboxWorkspace(RemoteWorkspace):
     ) -> CommandResult:
         """Run `command` in the sandbox, from `cwd` (default: `working_dir`)."""
         return super().execute_command(command, cwd or self.working_dir, timeout)
+
+    def _inside(self, path: str | Path) -> str:
+        return posixpath.join(self.working_dir, os.fspath(path))
+
+    def file_upload(
+        self, source_path: str | Path | bytes, destination_path: str | Path
+    ) -> FileOperationResult:
+        """Copy a host file (or bytes) to `destination_path` in the sandbox (relative: to
+        `working_dir`), by the sandbox's own file API: the agent server is not involved."""
+        source = "<bytes>" if isinstance(source_path, bytes) else os.fspath(source_path)
+        dest = self._inside(destination_path)
+        try:
+            data = source_path if isinstance(source_path, bytes) else Path(source).read_bytes()
+            run_sync(self.task_sandbox.sandbox.write_file(dest, data))
+        except (OSError, MiniSandboxError) as e:
+            return FileOperationResult(
+                success=False, source_path=source, destination_path=dest, error=str(e)
+            )
+        return FileOperationResult(
+            success=True, source_path=source, destination_path=dest, file_size=len(data)
+        )
+
+    def file_download(
+        self, source_path: str | Path, destination_path: str | Path
+    ) -> FileOperationResult:
+        """Copy the regular file `source_path` of the sandbox (relative: to `working_dir`) to
+        the host, by the sandbox's own file API (read inside, at most `download_max_bytes`),
+        not through the agent server (the agent may have replaced it)."""
+        source = self._inside(source_path)
+        dest = Path(destination_path)
+        try:
+            data = run_sync(
+                self.task_sandbox.sandbox.read_file(source, max_bytes=self.download_max_bytes)
+            )
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+        except (OSError, MiniSandboxError) as e:
+            return FileOperationResult(
+                success=False, source_path=source, destination_path=str(dest), error=str(e)
+            )
+        return FileOperationResult(
+            success=True, source_path=source, destination_path=str(dest), file_size=len(data)
+        )
 
     @property
     def alive(self) -> bool:
