@@ -141,6 +141,22 @@ def built(settings: BuildSettings) -> list:
 CLI = [sys.executable, "-m", "minisandbox.cli"]
 
 
+@pytest.fixture
+def builder(settings: BuildSettings, built: list) -> Builder:
+    """A Builder on the session's store, with the example tasks built."""
+    return Builder(settings)
+
+
+@pytest.fixture
+def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The session's store in the environment, for code that makes its own Builder (a config
+    file, an integration made by name, cannot carry one)."""
+    monkeypatch.setenv("MINISANDBOX_STORE", str(settings.store))
+    monkeypatch.setenv("MINISANDBOX_CACHE", str(settings.cache))
+    if settings.git_mirror is not None:
+        monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
+
+
 def fast_remove(path: Path) -> None:
     """Remove a tree the tests made: `rm -rf` first (a store and node cache hold tens of
     thousands of files; C removes them twice as fast, so a session's teardown stays far from

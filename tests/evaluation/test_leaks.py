@@ -18,7 +18,7 @@ from minisandbox.evaluation.validation import (
     leak_lines,
     leaking_files,
 )
-from minisandbox.tasks.builder import Builder, BuildSettings
+from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
 from minisandbox.utils.safefs import discard_tree
@@ -29,11 +29,6 @@ TASK = "examples__semverkit-1"
 @pytest.fixture(scope="module")
 def task() -> Task:
     return next(t for t in load_tasks("examples") if t.id == TASK)
-
-
-@pytest.fixture
-def builder(settings: BuildSettings, built: list) -> Builder:
-    return Builder(settings)
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from minisweagent.models.test_models import DeterministicModel  # noqa: E402
 
 from minisandbox.errors import TaskNotBoundError  # noqa: E402
 from minisandbox.integrations.minisweagent import MiniSandboxEnvironment  # noqa: E402
-from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.builder import Builder  # noqa: E402
 from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 
 V2 = int(mswea.__version__.split(".")[0]) >= 2
@@ -54,19 +54,6 @@ def turns(*commands: str) -> list[dict[str, Any]]:
     from minisweagent.models.test_models import make_output  # 2.x
 
     return [make_output(f"step {i}", [{"command": c}]) for i, c in enumerate(commands)]
-
-
-@pytest.fixture
-def builder(settings: BuildSettings, built: list) -> Builder:
-    return Builder(settings)
-
-
-@pytest.fixture
-def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    """For code paths that build their own Builder (configs cannot carry one)."""
-    monkeypatch.setenv("MINISANDBOX_STORE", str(settings.store))
-    monkeypatch.setenv("MINISANDBOX_CACHE", str(settings.cache))
-    monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
 
 
 @v2_only

@@ -28,7 +28,7 @@ from minisweagent.run.extra.utils.batch_progress import RunBatchProgressManager 
 
 from minisandbox.errors import TaskNotBoundError  # noqa: E402
 from minisandbox.integrations.minisweagent import MiniSandboxEnvironment  # noqa: E402
-from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.builder import Builder  # noqa: E402
 from minisandbox.tasks.loaders import load_tasks  # noqa: E402
 
 TASK = "examples__semverkit-1"
@@ -47,19 +47,6 @@ def bash(*commands: str) -> list[str]:
 
 def apply_gold() -> str:
     return f"git apply <<'MSB_PATCH_EOF'\n{gold_patch()}\nMSB_PATCH_EOF"
-
-
-@pytest.fixture
-def builder(settings: BuildSettings, built: list) -> Builder:
-    return Builder(settings)
-
-
-@pytest.fixture
-def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    """For the batch runner, which builds its environments from config (no Builder)."""
-    monkeypatch.setenv("MINISANDBOX_STORE", str(settings.store))
-    monkeypatch.setenv("MINISANDBOX_CACHE", str(settings.cache))
-    monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
 
 
 def test_v1_agent_applies_gold_patch_and_submits_reward_1(builder: Builder) -> None:

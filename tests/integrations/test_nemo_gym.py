@@ -38,7 +38,7 @@ from minisandbox.integrations.nemo_gym import (  # noqa: E402
     MiniSandboxProvider,
     evaluate,
 )
-from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.builder import Builder  # noqa: E402
 from minisandbox.tasks.loaders import TaskNotFoundError, load_tasks  # noqa: E402
 
 TASK = "examples__semverkit-1"
@@ -57,19 +57,6 @@ mini_swe_agent_2:
       sandbox_environment_kwargs:
         activate_conda: false
 """
-
-
-@pytest.fixture
-def builder(settings: BuildSettings, built: list) -> Builder:
-    return Builder(settings)
-
-
-@pytest.fixture
-def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    """For providers NeMo Gym makes from config (a config cannot carry a Builder)."""
-    monkeypatch.setenv("MINISANDBOX_STORE", str(settings.store))
-    monkeypatch.setenv("MINISANDBOX_CACHE", str(settings.cache))
-    monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
 
 
 def gold_patch() -> str:

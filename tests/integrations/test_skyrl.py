@@ -39,11 +39,6 @@ def apply_gold() -> str:
 SUBMIT = bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && git diff")
 
 
-@pytest.fixture
-def builder(settings: BuildSettings, built: list) -> Builder:
-    return Builder(settings)
-
-
 def test_gym_env_gold_patch_reward_1(
     settings: BuildSettings, built: list, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -37,7 +37,7 @@ from minisandbox.integrations.verl import (  # noqa: E402
     MiniSandboxTask,
 )
 from minisandbox.sandbox.config import SandboxConfig as MiniSandboxConfig  # noqa: E402
-from minisandbox.tasks.builder import Builder, BuildSettings  # noqa: E402
+from minisandbox.tasks.builder import Builder  # noqa: E402
 from minisandbox.tasks.loaders import TaskNotFoundError, load_tasks  # noqa: E402
 
 TASK = "examples__semverkit-1"
@@ -57,19 +57,6 @@ TASK_CONFIG_YAML = """
         command_timeout: 120
       - name: submit
 """
-
-
-@pytest.fixture
-def builder(settings: BuildSettings, built: list) -> Builder:
-    return Builder(settings)
-
-
-@pytest.fixture
-def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.MonkeyPatch) -> None:
-    """For sandboxes uni-agent makes from config (a config cannot carry a Builder)."""
-    monkeypatch.setenv("MINISANDBOX_STORE", str(settings.store))
-    monkeypatch.setenv("MINISANDBOX_CACHE", str(settings.cache))
-    monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
 
 
 def gold_patch() -> str:
