@@ -163,7 +163,9 @@ async def test_expect_pattern_and_interrupt_with_expect(rt: MiniSandboxRuntime) 
         BashAction(command="echo ready; sleep 30", expect=["rea.y"], check="silent", timeout=10)
     )
     assert (o.output, o.exit_code, o.expect_string) == ("", None, "rea.y")
-    await rt.run_in_session(BashInterruptAction())
+    # Ctrl-C ends `sleep` at once; a generous wait for the prompt keeps a busy machine from
+    # escalating to Ctrl-Z and kill -9 (whose "Killed" report the next output would carry).
+    await rt.run_in_session(BashInterruptAction(timeout=10))
     assert await run(rt, "echo ok") == ("ok\n", 0)
 
 
