@@ -10,6 +10,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -155,6 +156,28 @@ def use_settings(settings: BuildSettings, built: list, monkeypatch: pytest.Monke
     monkeypatch.setenv("MINISANDBOX_CACHE", str(settings.cache))
     if settings.git_mirror is not None:
         monkeypatch.setenv("MINISANDBOX_GIT_MIRROR", str(settings.git_mirror))
+
+
+@pytest.fixture
+def dataset_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each dataset load the integrations make (integrations.tasks.load_tasks), recorded as
+    made "on a loop" or "off the loop": a load can be a download, and must not block an event
+    loop."""
+    import minisandbox.integrations.tasks as tasks_module
+
+    real = tasks_module.load_tasks
+    seen: list[str] = []
+
+    def load_tasks(*args: Any, **kwargs: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            seen.append("on a loop")
+        except RuntimeError:
+            seen.append("off the loop")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks_module, "load_tasks", load_tasks)
+    return seen
 
 
 def fast_remove(path: Path) -> None:

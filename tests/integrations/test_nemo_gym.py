@@ -189,26 +189,10 @@ async def test_aclose_stops_every_sandbox_then_raises_the_first_error(builder: B
 
 
 async def test_task_lookup_is_off_the_event_loop(
-    builder: Builder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    builder: Builder, tmp_path: Path, dataset_loads: list[str]
 ) -> None:
     """The first lookup in a dataset loads all of it (a Hugging Face download for a hub
     dataset): `create` and `evaluate` do it outside the event loop."""
-    import asyncio
-
-    import minisandbox.integrations.tasks as tasks_module
-
-    real = tasks_module.load_tasks
-    seen: list[str] = []
-
-    def load_tasks(*args: Any, **kwargs: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-            seen.append("on a loop")
-        except RuntimeError:
-            seen.append("off the loop")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tasks_module, "load_tasks", load_tasks)
     # Fresh envs_dirs: datasets not yet loaded in this process.
     provider = MiniSandboxProvider(builder=builder, envs_dir=str(tmp_path / "a"))
     handle = await provider.create(SandboxSpec(metadata={"instance_id": TASK}))
@@ -218,7 +202,7 @@ async def test_task_lookup_is_off_the_event_loop(
         await provider.aclose()
     result = await evaluate(TASK, "", envs_dir=str(tmp_path / "b"), builder=builder)
     assert result.reward == 0.0
-    assert seen == ["off the loop", "off the loop"]
+    assert dataset_loads == ["off the loop", "off the loop"]
 
 
 def test_sync_sandbox_across_its_own_loops(use_settings: None) -> None:

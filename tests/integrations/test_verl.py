@@ -406,13 +406,10 @@ def test_a_sandbox_outlives_the_loop_that_started_it(builder: Builder) -> None:
 
 
 def test_task_lookup_is_off_the_event_loop(
-    use_settings: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    use_settings: None, tmp_path: Path, dataset_loads: list[str]
 ) -> None:
     """The first lookup in a dataset loads all of it (a Hugging Face download for a hub
     dataset): an episode does it outside its event loop."""
-    import minisandbox.integrations.tasks as tasks_module
-
-    seen = loads_seen(monkeypatch, tasks_module)
     task = get_task(
         {
             "name": "minisandbox",
@@ -423,24 +420,7 @@ def test_task_lookup_is_off_the_event_loop(
         }
     )
     assert asyncio.run(task.run()).reward == 1.0
-    assert seen == ["off the loop"]
-
-
-def loads_seen(monkeypatch: pytest.MonkeyPatch, tasks_module: Any) -> list[str]:
-    """Record, for each dataset load, whether its thread was running an event loop."""
-    real = tasks_module.load_tasks
-    seen: list[str] = []
-
-    def load_tasks(*args: Any, **kwargs: Any) -> Any:
-        try:
-            asyncio.get_running_loop()
-            seen.append("on a loop")
-        except RuntimeError:
-            seen.append("off the loop")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(tasks_module, "load_tasks", load_tasks)
-    return seen
+    assert dataset_loads == ["off the loop"]
 
 
 # ---------------------------------------------------------------- step time beside uni-agent's own
