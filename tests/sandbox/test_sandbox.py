@@ -202,6 +202,36 @@ async def test_symlink_on_a_mount_destination_is_refused(layer_dir: Path) -> Non
             pass
 
 
+async def test_stops_remove_their_directories_side_by_side_off_the_loop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Removing a sandbox's directories (seconds for a large upper layer) runs in a thread:
+    two sandboxes stopping at once remove theirs at the same time, and the event loop goes on
+    meanwhile. (Each removal waits at a barrier for the other: removals done one after the
+    other on the loop would never meet there.)"""
+    import threading
+
+    import minisandbox.sandbox.sandbox as sandbox_module
+
+    real = sandbox_module.safefs.discard_tree
+    meet = threading.Barrier(2, timeout=60)
+    threads: list[int] = []
+
+    def discard_tree(path: Path) -> None:
+        threads.append(threading.get_ident())
+        meet.wait()  # raises BrokenBarrierError if the other removal never comes
+        real(path)
+
+    monkeypatch.setattr(sandbox_module.safefs, "discard_tree", discard_tree)
+    boxes = [Sandbox(SandboxConfig()) for _ in range(2)]
+    for sb in boxes:
+        await sb.start()
+        assert (await sb.execute(["true"])).exit_code == 0  # positive control
+    await asyncio.gather(*(sb.stop() for sb in boxes))
+    assert len(threads) == 2 and threading.get_ident() not in threads, threads
+    assert not any(sb.running for sb in boxes)
+
+
 async def test_stop_is_idempotent_and_safe_before_start() -> None:
     sb = Sandbox()
     await sb.stop()

@@ -22,6 +22,7 @@ cap), session.py (a shell), sessions.py (the named shells of a sandbox).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import os
@@ -55,6 +56,20 @@ logger = logging.getLogger(__name__)
 
 # The longest control reply line read (asyncio's default stream limit, as before).
 _CONTROL_LINE_LIMIT = 2**16
+
+
+_REMOVERS: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _removers() -> concurrent.futures.ThreadPoolExecutor:
+    """The threads that remove stopped sandboxes' directories, apart from the loop's default
+    executor (which a burst of stops would otherwise fill): one per core, 2 to 4 (removal is
+    system calls between GIL hand-offs: more threads only contend)."""
+    global _REMOVERS
+    if _REMOVERS is None:
+        workers = min(4, max(2, os.cpu_count() or 2))
+        _REMOVERS = concurrent.futures.ThreadPoolExecutor(workers, "minisandbox-rm")
+    return _REMOVERS
 
 
 class Sandbox(FileOperations, SessionOperations):
@@ -408,15 +423,22 @@ class Sandbox(FileOperations, SessionOperations):
             await self._egress.close()
         current = asyncio.current_task()
         await cancel_and_wait(t for t in self._tasks if t is not current)
-        self._remove_dirs()
-
-    def _remove_dirs(self) -> None:
-        if self._cgroup is not None:
-            self._cgroup.remove()
         if self._fifos is not None:
             self._fifos.close()
         if self._files is not None:
             self._files.close()
+        # Removing a large upper layer takes seconds: in a thread, so that other sandboxes'
+        # commands and stops go on meanwhile (many stops at once run side by side).
+        try:
+            await asyncio.get_running_loop().run_in_executor(_removers(), self._remove_dirs)
+        except RuntimeError:  # an executor shut down (interpreter exit): here, then
+            self._remove_dirs()
+
+    def _remove_dirs(self) -> None:
+        """Remove the sandbox's directories (its processes are gone). Blocking: run in a
+        thread."""
+        if self._cgroup is not None:
+            self._cgroup.remove()
         if self._upper is not None and self.config.upper is not None:
             try:
                 dirs.seal_kept_upper(self._upper, 0o700)  # everything in the sandbox is dead
