@@ -4,6 +4,7 @@ out, and a real interpreter in a real sandbox."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -104,3 +105,40 @@ async def test_this_interpreter_runs_without_its_installed_packages() -> None:
         assert r.stdout.strip() == "stdlib", r
         r = await sb.execute(["ls", "-A", str(site)])
         assert r.exit_code == 0 and r.stdout == "", f"{site} shows {r.stdout[:300]!r}"
+
+
+def test_a_walk_is_kept_for_the_node_and_redone_when_usr_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk's result is kept in the caller's private runtime directory: another process
+    (here: this one with its in-process cache cleared) reads it instead of walking, until a
+    directory is added up to three levels below /usr; a record another user owns is not read."""
+    import minisandbox.sandbox.hostpython as hp
+
+    usr = tmp_path / "usr"
+    touch(usr, "lib/python3/dist-packages/a/__init__.py", "lib/sdk/lib/x")
+    first = usr_package_dirs(str(usr))
+    assert first == (usr / "lib/python3/dist-packages",)
+    walks: list[str] = []
+    real = hp._package_trees
+
+    def counted(root: str) -> list[str]:
+        walks.append(root)
+        return real(root)
+
+    monkeypatch.setattr(hp, "_package_trees", counted)
+    hp._usr_package_dirs.cache_clear()
+    assert usr_package_dirs(str(usr)) == first and walks == []  # read, not walked
+    touch(usr, "lib/sdk/third_party/flask/__init__.py")  # a new directory three levels down
+    hp._usr_package_dirs.cache_clear()
+    assert usr_package_dirs(str(usr)) == (
+        usr / "lib/python3/dist-packages",
+        usr / "lib/sdk/third_party",
+    )
+    assert walks == [str(usr)]
+    if os.geteuid() == 0:  # a record of another owner: walked again, not believed
+        record = hp._record_path(str(usr), hp._tree_stamp(str(usr)))
+        os.chown(record, 4242, 4242)
+        hp._usr_package_dirs.cache_clear()
+        usr_package_dirs(str(usr))
+        assert walks == [str(usr), str(usr)]

@@ -34,7 +34,7 @@ def runtime_root(explicit: Path | None = None) -> Path:
     return Path(tempfile.gettempdir()) / f"minisandbox-{os.geteuid()}"
 
 
-def _private_root(root: Path) -> None:
+def private_root(root: Path) -> None:
     """Create `root` (mode 700), or accept it only if it is ours: a real directory we own that
     nobody else can write. A predictable name under /tmp could have been planted by another
     user, as a symlink (we would chmod its target) or a directory (they could swap entries)."""
@@ -60,7 +60,7 @@ def process_dir(explicit_root: Path | None = None) -> Path:
         if _process_dir is not None and _owner_pid == os.getpid():
             return _process_dir
         root = runtime_root(explicit_root)
-        _private_root(root)
+        private_root(root)
         path = Path(tempfile.mkdtemp(prefix=f"p{os.getpid()}-", dir=root))  # mode 700
         life_r, life_w = os.pipe()  # both close-on-exec: only bwrap gets the write end
         try:
