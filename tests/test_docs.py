@@ -22,7 +22,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -222,14 +221,10 @@ def docs_env(settings: BuildSettings, built: list) -> dict[str, str]:
 
 
 @pytest.fixture
-def workdir() -> Iterator[Path]:
-    """A fresh directory the sandbox's unprivileged uid (root callers) can also traverse."""
-    path = Path(tempfile.mkdtemp(prefix="msb-docs-"))
-    os.chmod(path, 0o755)
-    yield path
-    from minisandbox.utils.safefs import discard_tree
-
-    discard_tree(path)
+def workdir(layer_dir: Path) -> Path:
+    """A fresh directory the sandbox's unprivileged uid (root callers) can also traverse
+    (conftest's layer_dir)."""
+    return layer_dir
 
 
 @pytest.mark.timeout(DEADLINE + 60)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,6 @@ from minisandbox.evaluation.validation import (
 from minisandbox.tasks.builder import Builder
 from minisandbox.tasks.loaders import load_tasks
 from minisandbox.tasks.specs import Task
-from minisandbox.utils.safefs import discard_tree
 
 TASK = "examples__semverkit-1"
 
@@ -32,12 +30,9 @@ def task() -> Task:
 
 
 @pytest.fixture
-def host_dir() -> Iterator[Path]:
-    """A host directory a root caller's sandbox uid can read (the session's temp dir is 0755)."""
-    path = Path(tempfile.mkdtemp(prefix="msb-leak-"))
-    os.chmod(path, 0o755)
-    yield path
-    discard_tree(path)
+def host_dir(layer_dir: Path) -> Path:
+    """A host directory a root caller's sandbox uid can read (conftest's layer_dir)."""
+    return layer_dir
 
 
 def _write(path: Path, text: str) -> None:

@@ -61,7 +61,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from minisandbox.errors import AgentEnvironmentError, MiniSandboxError, SandboxConfigError
 from minisandbox.evaluation.evaluator import EvalResult
-from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task
+from minisandbox.integrations.tasks import DEFAULT_DATASET, TaskSandbox, resolve_task_async
 from minisandbox.runtime import Runtime
 from minisandbox.sandbox.config import Limits
 from minisandbox.sandbox.egress import EgressPolicy
@@ -523,7 +523,7 @@ class MiniSandboxWorkspace(RemoteWorkspace):
         )
         task = None
         if self.task:  # (loading a dataset may download it: not on the shared loop)
-            task = await asyncio.to_thread(resolve_task, self.task, self.dataset, self.envs_dir)
+            task = await resolve_task_async(self.task, self.dataset, self.envs_dir)
         # The server's environment: more read-only binds, beside the task's own.
         overrides: dict[str, Any] = {"egress": policy, "limits": self.limits, "ro_paths": paths}
         if task is not None:
