@@ -169,6 +169,19 @@ async def test_expect_pattern_and_interrupt_with_expect(rt: MiniSandboxRuntime) 
     assert await run(rt, "echo ok") == ("ok\n", 0)
 
 
+async def test_interrupt_sends_ctrl_c_again_as_swerex_does(rt: MiniSandboxRuntime) -> None:
+    # A job that survives one SIGINT (as one that got it while still starting would): swerex
+    # sends Ctrl-C again (n_retry), so the job ends without the Ctrl-Z and kill -9 whose
+    # "Killed" report the next output would carry.
+    job = "bash -c 'trap \"trap - INT\" INT; echo armed; while :; do sleep 0.05; done'"
+    o = await rt.run_in_session(
+        BashAction(command=job, expect=["armed"], check="silent", timeout=10)
+    )
+    assert o.expect_string == "armed"
+    await rt.run_in_session(BashInterruptAction(timeout=2, n_retry=3))
+    assert await run(rt, "echo ok") == ("ok\n", 0)
+
+
 async def test_sessions(rt: MiniSandboxRuntime, tmp_path: Path) -> None:
     with pytest.raises(SessionExistsError):
         await rt.create_session(CreateBashSessionRequest())

@@ -7,6 +7,7 @@ bash on a real pty inside the sandbox).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -229,13 +230,17 @@ class MiniSandboxRuntime(AbstractRuntime):
         that ignores Ctrl-C in itself), ours kills and restarts the shell instead, and the
         observation's output ends with the notice that the shell's state was lost."""
         shell = session.shell
-        timeout = max(action.timeout * max(action.n_retry, 1), 1.0)
+        # swerex sends Ctrl-C up to n_retry times, `timeout` apart: a Ctrl-C that lands while
+        # bash is still starting the job (the child has not yet reset SIGINT) is lost, and the
+        # next one ends it. A floor of 1 s in all keeps a busy machine from escalating.
+        tries = max(action.n_retry, 1)
+        timeout = max(action.timeout, 1.0 / tries)
         try:
             if action.expect:
                 # Ctrl-C to a program that keeps running (a REPL): wait for its prompt.
-                r = await shell.send("\x03", expect=action.expect, timeout=timeout)
+                r = await _send_ctrl_c(shell, tries, timeout, action.expect)
             else:
-                r, session.report = await _stop_foreground_job(shell, timeout)
+                r, session.report = await _stop_foreground_job(shell, tries, timeout)
             if r.restarted and session.startup is not None:
                 # A fresh shell, as create_session left it: the startup files again.
                 command, startup_timeout = session.startup
@@ -356,10 +361,28 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
-async def _stop_foreground_job(shell: SessionAPI, timeout: float) -> tuple[SessionResult, str]:
-    """swerex's interrupt of a plain command: Ctrl-C; if the prompt does not come back (a
-    pager, a program that ignores SIGINT), Ctrl-Z and `kill -9` of that job, so that bash
-    reports it "Stopped", then "Killed". Where even Ctrl-Z brings no prompt,
+async def _send_ctrl_c(
+    shell: SessionAPI, tries: int, timeout: float, expect: list[str] | None = None
+) -> SessionResult:
+    """Ctrl-C until the prompt (or a pattern of `expect`) is back, at most `tries` times, each
+    waited for `timeout` seconds. The session keeps what was printed across the waits.
+
+    Raises:
+        CommandTimeoutError: no prompt after the last one.
+        SessionError: as ShellSession.send.
+    """
+    for _ in range(tries - 1):
+        with contextlib.suppress(errors.CommandTimeoutError):
+            return await shell.send("\x03", expect=expect, timeout=timeout)
+    return await shell.send("\x03", expect=expect, timeout=timeout)
+
+
+async def _stop_foreground_job(
+    shell: SessionAPI, tries: int, timeout: float
+) -> tuple[SessionResult, str]:
+    """swerex's interrupt of a plain command: Ctrl-C (`tries` times); if the prompt does not
+    come back (a pager, a program that ignores SIGINT), Ctrl-Z and `kill -9` of that job, so
+    that bash reports it "Stopped", then "Killed". Where even Ctrl-Z brings no prompt,
     ShellSession.interrupt kills the job, or restarts the shell.
 
     Returns what was printed and, apart, bash's "Killed" report: swerex's session sees that
@@ -371,9 +394,10 @@ async def _stop_foreground_job(shell: SessionAPI, timeout: float) -> tuple[Sessi
         CommandTimeoutError, SessionError: as ShellSession.interrupt.
     """
     try:
-        return await shell.send("\x03", timeout=timeout), ""
+        return await _send_ctrl_c(shell, tries, timeout), ""
     except errors.CommandTimeoutError:
         pass
+    timeout = max(timeout * tries, 1.0)  # the steps after Ctrl-C: as long as all of them
     try:
         stopped = await shell.send("\x1a", timeout=timeout)
     except errors.CommandTimeoutError:
