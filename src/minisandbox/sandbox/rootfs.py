@@ -13,8 +13,12 @@ in any layer: no mount can be redirected.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
 import shutil
+import stat
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,14 +87,62 @@ class MountPlan:
     destinations: list[str] = field(default_factory=list)
 
 
+# Bumped when build_system_layer makes something different from the same host files.
+SYSTEM_LAYER_FORMAT = 1
+
+
+def system_layer_key(owner: tuple[int, int] | None, etc: str = "/etc") -> str:
+    """What the system layer is made of: the format, `owner`, and every host entry it copies
+    (each /etc entry, recursively, with its type, mode, size, times and inode; and the top-level
+    links of a merged-/usr host). Any change to one of them, an edit in place included, gives
+    another key. About 700 lstat calls, a few milliseconds."""
+    h = hashlib.sha256(f"{SYSTEM_LAYER_FORMAT}\0{owner}\n".encode())
+
+    def add(path: str) -> None:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return
+        h.update(
+            f"{path}\0{st.st_mode}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0"
+            f"{st.st_ino}\n".encode()
+        )
+        if stat.S_ISDIR(st.st_mode):
+            try:
+                names = sorted(os.listdir(path))
+            except OSError:
+                return
+            for name in names:
+                add(os.path.join(path, name))
+
+    for name in _SYSTEM_TOP:
+        add(f"/{name}")
+    for entry in _ETC_ENTRIES:
+        add(os.path.join(etc, entry))
+    return h.hexdigest()
+
+
 def build_system_layer(path: Path, owner: tuple[int, int] | None) -> Path:
-    """The lowest layer of every sandbox, made once per process: the host's /etc entries that
-    programs need (copies: one overlay layer costs bwrap far less than two dozen bind mounts),
-    the /bin -> usr/bin style links of a merged-/usr host, generated passwd and group, and
-    the mount points. `owner`: who owns its directories (a root caller's sandbox uid), so the
-    sandbox's root can add files to /etc or /run; the copied files stay read-only for it."""
-    staging = path.with_name(path.name + ".tmp")
-    staging.mkdir(mode=0o755)
+    """The lowest layer of every sandbox, made once per node (startup.system_layer): the host's
+    /etc entries that programs need (copies: one overlay layer costs bwrap far less than two
+    dozen bind mounts), the /bin -> usr/bin style links of a merged-/usr host, generated passwd
+    and group, and the mount points. `owner`: who owns its directories (a root caller's sandbox
+    uid), so the sandbox's root can add files to /etc or /run; the copied files stay read-only
+    for it. Made beside `path` and renamed there: when another process got there first, its
+    layer is used and ours discarded."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        _fill_system_layer(staging, owner)
+        os.rename(staging, path)
+    except OSError as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not path.is_dir():
+            raise
+    return path
+
+
+def _fill_system_layer(staging: Path, owner: tuple[int, int] | None) -> None:
+    os.chmod(staging, 0o755)
     for name in _MOUNT_POINTS:
         (staging / name).mkdir(mode=0o755, parents=True, exist_ok=True)
     os.chmod(staging / "root", 0o700)
@@ -122,8 +174,6 @@ def build_system_layer(path: Path, owner: tuple[int, int] | None) -> Path:
     if owner is not None:
         for dirpath, _dirnames, _files in os.walk(staging):
             os.chown(dirpath, *owner)
-    os.rename(staging, path)
-    return path
 
 
 def build_plan(

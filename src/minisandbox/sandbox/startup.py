@@ -15,6 +15,7 @@ import json
 import os
 import resource
 import shutil
+import stat
 import threading
 from collections.abc import Awaitable, Sequence
 from pathlib import Path
@@ -26,7 +27,13 @@ from minisandbox.sandbox.bwrap import check_userns, find_bwrap
 from minisandbox.sandbox.channel import CONTROL_IN, CONTROL_OUT, CONTROL_SHELL
 from minisandbox.sandbox.config import Limits, SandboxConfig
 from minisandbox.sandbox.egress import proxy_env
-from minisandbox.sandbox.rootfs import DEFAULT_PATH, IO_DIR, MountPlan, build_system_layer
+from minisandbox.sandbox.rootfs import (
+    DEFAULT_PATH,
+    IO_DIR,
+    MountPlan,
+    build_system_layer,
+    system_layer_key,
+)
 from minisandbox.sandbox.scripts import helper
 
 T = TypeVar("T")
@@ -59,15 +66,31 @@ _system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}
 _system_lock = threading.Lock()
 
 
-def system_layer(process_dir: Path, owner: tuple[int, int] | None) -> Path:
-    """The lowest layer of every sandbox of this process (rootfs.build_system_layer), made
-    once per process and owner."""
+def system_layer(root: Path, owner: tuple[int, int] | None) -> Path:
+    """The lowest layer of every sandbox (rootfs.build_system_layer), made once per node and
+    kept in the caller's private runtime directory `root` (mode 700, checked), under a name
+    that is the key of the host files it copies: a CLI process finds it made (a copy of some
+    700 /etc entries costs 0.2 s), and a change to those files names a new one. Looked up
+    once per process."""
     with _system_lock:
-        key = (process_dir, owner)
+        key = (root, owner)
         if key not in _system_layers:
-            name = "system" if owner is None else f"system-{owner[0]}"
-            _system_layers[key] = build_system_layer(process_dir / name, owner)
+            path = root / f"node-system-{system_layer_key(owner)[:32]}"
+            if not _usable_layer(path, owner):
+                build_system_layer(path, owner)
+            _system_layers[key] = path
         return _system_layers[key]
+
+
+def _usable_layer(path: Path, owner: tuple[int, int] | None) -> bool:
+    """A directory made as build_system_layer makes it: owned by us, or by `owner` (a root
+    caller's sandbox uid). Nobody else can have put it there: `root` is private."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    uid = os.geteuid() if owner is None else owner[0]
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
 
 
 _control_shells: dict[Path, Path] = {}
