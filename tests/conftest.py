@@ -66,6 +66,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # Child processes too (the CLI runs, Ray's nodes and their agents): their runtime
     # directories are then the session's, which tests look into and the janitor removes.
     os.environ["TMPDIR"] = str(session)
+    # The CLI runs of the tests start no warm process (cli/warm.py) that would outlive the
+    # session; tests/cli/test_warm.py starts and stops its own.
+    os.environ["MINISANDBOX_WARM"] = "0"
     if config.option.basetemp is None:
         config.option.basetemp = str(session / "pytest")
 
