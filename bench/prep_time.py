@@ -33,6 +33,7 @@ from typing import Any
 from _common import host_info, log, percentile, run_main
 
 from minisandbox import Sandbox, SandboxConfig
+from minisandbox.envs.githistory import GIT_ENV
 from minisandbox.envs.layout import VENV
 from minisandbox.layers.store import LayerStore
 from minisandbox.tasks.builder import Builder, BuildSettings
@@ -245,10 +246,28 @@ def task_filesystem(store: LayerStore, env_layer: str, task_layer: str, dest: Pa
         discard_tree(upper)
 
 
+# Bumped when the tarballs are made differently (2: .git repacked as git keeps it).
+PAPER_FORMAT = 2
+
+
+def git_packs_as_git_keeps_them(repo: Path) -> None:
+    """Repack the checkout's history with git's own defaults (zlib, each object on its own).
+    Our layers store it raw, for the layer store's zstd to compress across objects; a clone
+    in a container image has git's packs, and a tarball of those is the paper's."""
+    if not (repo / ".git").is_dir():
+        return
+    subprocess.run(
+        ["git", "-c", "safe.directory=*", "-C", str(repo), "repack", "-a", "-d", "-F", "-q"],
+        check=True,
+        env={**os.environ, **GIT_ENV},
+    )
+
+
 def paper_tarballs(store: LayerStore, job: Job, work_dir: Path) -> Tarballs:
     """`venv.tar.gz` and `testbed.tar.gz` of the task, made once from its layers and cached
     under `work_dir/paper/<key>` (the key is the pair of layer ids)."""
-    key = hashlib.sha256(f"{job.env_layer}:{job.task_layer}".encode()).hexdigest()[:16]
+    pair = f"{PAPER_FORMAT}:{job.env_layer}:{job.task_layer}"
+    key = hashlib.sha256(pair.encode()).hexdigest()[:16]
     final = work_dir / "paper" / key
     info_path = final / "info.json"
     if info_path.exists():
@@ -265,6 +284,7 @@ def paper_tarballs(store: LayerStore, job: Job, work_dir: Path) -> Tarballs:
             for p in [*root.iterdir(), *(root / "opt").iterdir()]
             if p.name not in ("opt", "testbed") and p != root / "opt" / "venv"
         )
+        git_packs_as_git_keeps_them(root / "testbed")
         venv_bytes, venv_files = tree_size(root / "opt" / "venv")
         testbed_bytes, testbed_files = tree_size(root / "testbed")
         # `tar czf`: GNU tar piping through gzip at its default level, 6.

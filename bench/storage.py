@@ -23,7 +23,7 @@ from prep_time import Job, add_task_args, build_jobs, load_jobs, make_all_tarbal
 from minisandbox.layers.store import LayerStore
 from minisandbox.utils.safefs import discard_tree
 
-TARGET_RATIO = 1 / 3
+TARGET_RATIO = 0.1
 
 
 def _size(path: Path) -> tuple[int, int]:

@@ -49,8 +49,8 @@ def test_the_keys_of_each_kind_are_what_they_were() -> None:
             "tools": tools_ref("httpbin", interp),
         }
     assert keys == {
-        "env": "env/v4-afe4ed6b02622a6c702281371a3f1459a0fb25f80b3ce0e15e50d95e728e6da5",
-        "task": "task/7953562a02c4bb4eb7ca328e01e66221e0a07c99b258252ca72c165cb734a1ca",
+        "env": "env/v5-afe4ed6b02622a6c702281371a3f1459a0fb25f80b3ce0e15e50d95e728e6da5",
+        "task": "task/4b504d7956831a2af004efcad008adaafb6f9ad90509de2cedb16d21e052febd",
         "bug": "bug/d58f78630730c80a60909b16439fa4e5212a6edb71774ab42326571803f450f4",
         "evaldeps": "evaldeps/0f35236b55e7b0f9d2d23e156ccf5c4c3a1ee014444c966856e92a3a3550bb87",
         "tools": "tools/httpbin-d766bc101522385aa88e3bea733ea252",

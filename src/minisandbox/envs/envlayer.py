@@ -30,7 +30,8 @@ from minisandbox.utils.resources import package_text
 
 # Bumped when what an environment layer holds changes (v2: its bytecode compiled at build;
 # v3: laid out as a self-contained install, see helpers/standalone.sh; old setuptools for old
-# recipes; v4: include/pythonX.Y a directory of links, packages add headers there).
+# recipes; v4: include/pythonX.Y a directory of links, packages add headers there; v5: the
+# same bytecode for the same files in every environment, helpers/bytecode.py).
 # Also bump it when relax.py's ladder changes what a relaxed recipe installs.
 ENV_FORMAT = format_of("env")  # (envs/kinds.py)
 
@@ -137,10 +138,16 @@ class _EnvBuild:
                     raise
         # Bytecode now, once: otherwise the first import or pip run of every task writes its
         # own copy of the environment's .pyc files into its task layer. Only site-packages:
-        # the standard library is the interpreter's (read-only).
+        # the standard library is the interpreter's (read-only). The same bytes in every
+        # environment of this Python (helpers/bytecode.py): the store keeps pip's, setuptools'
+        # and every other shared package's bytecode once, not once per environment.
+        await sb.write_file(
+            "/tmp/bytecode.py", package_text("minisandbox.envs", "helpers", "bytecode.py")
+        )
         await step(
             "bytecode",
-            f"{VENV}/bin/python -m compileall -q -j 0 {VENV}/lib/python*/site-packages || true",
+            f"PYTHONHASHSEED=0 {VENV}/bin/python /tmp/bytecode.py {VENV}/lib/python*/site-packages"
+            " || true",
         )
         meta: dict[str, Any] = {"relaxed": [r.model_dump() for r in relaxed]}
         if unresolved is not None:  # installed without resolving: what it holds, and

@@ -44,7 +44,7 @@ _KINDS = (
     ),
     LayerKind(
         name="env",
-        format="v4",
+        format="v5",
         keyed_on="the recipe (python version, pins, pip/setuptools, variables), the interpreter's "
         "exact version, the environment commit (EnvRecipe.key: its own format 1)",
         built_by="build sandbox: uv venv at /opt/venv, pins installed (relaxed if they must)",
@@ -53,7 +53,7 @@ _KINDS = (
     ),
     LayerKind(
         name="task",
-        format=6,
+        format=7,
         keyed_on="repository, base commit, environment layer, install commands, install date "
         "(with envs/asof.py's format), the eval script's extra requirements",
         built_by="build sandbox: the checkout (only the base commit's past) and the install "

@@ -58,7 +58,8 @@ from minisandbox.utils.resources import package_text
 
 __all__ = ["BuildError", "BuildResult", "BuildSettings", "Builder", "TaskLayers", "launch"]
 
-# Formats in envs/kinds.py (task 5: only the base commit's past; 6: its submodules).
+# Formats in envs/kinds.py (task 5: only the base commit's past; 6: its submodules; 7: history
+# packs stored raw, their deltas made here).
 _FORMAT = format_of("task")
 _DEPENDENCY_FILE = re.compile(
     r"(^|/)(setup\.py|setup\.cfg|pyproject\.toml|requirements[^/]*\.txt)$"
