@@ -221,10 +221,9 @@ def _namespace_args(
 async def read_child_pid(fd: int) -> int | None:
     """The host pid of the sandbox's pid 1, from bwrap's --info-fd JSON; None when bwrap
     closed it without writing one (it failed)."""
-    loop = asyncio.get_running_loop()
     buf = b""
     while True:
-        chunk = await loop.run_in_executor(None, os.read, fd, 4096)
+        chunk = await _read_when_ready(fd)
         if not chunk:
             return None
         buf += chunk
@@ -234,6 +233,24 @@ async def read_child_pid(fd: int) -> int | None:
             if not isinstance(pid, int) or pid <= 0:
                 raise SandboxStartError(f"bwrap reported no child pid: {buf[:200]!r}")
             return pid
+
+
+async def _read_when_ready(fd: int) -> bytes:
+    """os.read of `fd` once it is readable, waited for on the event loop (not in a thread:
+    a thread hop per start costs more than the read)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(fd)
+    return os.read(fd, 4096)
 
 
 def write_id_maps(pid: int, owner: tuple[int, int], as_root: bool) -> None:
