@@ -103,3 +103,12 @@ def run_main(main: Callable[[], Coroutine[Any, Any, dict[str, Any]]]) -> None:
         result = asyncio.run(main())
     real_stdout.write(json.dumps(result) + "\n")
     real_stdout.flush()
+
+
+def append_jsonl(path: Path | None, result: dict[str, Any]) -> None:
+    """Append `result` as one JSON line to `path` (a bench's --out), making its directory."""
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(json.dumps(result) + "\n")

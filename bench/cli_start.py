@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import host_info, log, run_main, summarize_ms
+from _common import append_jsonl, host_info, log, run_main, summarize_ms
 
 from minisandbox.sandbox.bwrap import find_bwrap
 
@@ -239,10 +239,7 @@ async def main() -> dict[str, Any]:
     met = all(s >= TARGET_SPEEDUP for s in speedups)
     result["meets_target"] = met if "podman_p50_ms" in result else None  # (podman not measured)
     result["host"] = host_info()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a") as f:
-            f.write(json.dumps(result) + "\n")
+    append_jsonl(args.out, result)
     return result
 
 

@@ -2,8 +2,9 @@
 concurrent starts, in one run, interleaved.
 
 ours: `Sandbox(config).start()`, then `execute(["true"])`: the time to the first result (the
-stop is not counted). bare: a bwrap process with the same namespaces, the same overlay (the
-system layer and the layers, a throwaway upper), /proc, /dev, a /tmp tmpfs, /usr and the
+stop is not counted). bare: a bwrap process started as ours is (the host writes the user
+namespace's id maps through --userns-block-fd), with the same namespaces, the same overlay (the
+system layer and the layers over a fresh upper), /proc, /dev, a /tmp tmpfs, /usr and the
 configuration's read-only paths bound, running `true`: spawn to exit, from the same event loop.
 What ours adds is the control channel (a shell inside, its first reply, then one command),
 its runtime directories, the id maps and limits written from the host, the seccomp filter, and
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import tempfile
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from _common import host_info, log, run_main, summarize_ms
+from _common import append_jsonl, host_info, log, run_main, summarize_ms
 from prep_time import make_builder
 
 from minisandbox import Sandbox, SandboxConfig
@@ -222,10 +222,7 @@ async def main() -> dict[str, Any]:
     result["target_ratio"] = TARGET_RATIO
     result["meets_target"] = all(r <= TARGET_RATIO for r in ratios)
     result["host"] = host_info()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "a") as f:
-            f.write(json.dumps(result) + "\n")
+    append_jsonl(args.out, result)
     return result
 
 
