@@ -63,7 +63,7 @@ def preload() -> None:
     from minisandbox.sandbox import bwrap, hostpython, runtime, startup
     from minisandbox.sandbox.config import SandboxConfig
 
-    _command()
+    _warm_parse(_command())
     # Per-process lookups that stay valid while the warm process's key does (its environment,
     # its packages) or that check themselves at each use (/usr's stamp).
     with contextlib.suppress(MiniSandboxError, OSError):
@@ -76,6 +76,19 @@ def preload() -> None:
         root = runtime.runtime_root()
         runtime.private_root(root)
         startup.system_layer(root, SandboxConfig().layer_owner())
+
+
+def _warm_parse(command: Any) -> None:
+    """Parse an `exec` command line once without running it: typer builds each parameter's
+    converters on first use (10 ms), which every worker would otherwise pay again."""
+    with (
+        contextlib.suppress(Exception),
+        command.make_context("minisandbox", ["exec", "--", "true"]) as ctx,
+    ):
+        protected = getattr(ctx, "_protected_args", None) or getattr(ctx, "protected_args", [])
+        name, sub, rest = command.resolve_command(ctx, [*protected, *ctx.args])
+        with sub.make_context(name, rest, parent=ctx):
+            pass
 
 
 def main() -> None:
