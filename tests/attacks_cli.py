@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from attacks import AttackContext, attack, scratch_subdir
@@ -209,3 +210,76 @@ async def attack_instance_id_paths_and_newlines(ctx: AttackContext) -> None:
         assert "'environment'" in str(e) and "control character" in str(e), e
     else:
         raise AssertionError(f"read the env file 'env\\n.yml': python {task.env.python}")
+
+
+# A client of the warm process (cli/warm.py), in plain Python: connects to the socket (through
+# its directory, for a short address), sends an `exec` that writes PROOF through --upper, and
+# prints what came back.
+_WARM_CLIENT = r"""
+import marshal, os, socket, struct, sys
+path, upper = sys.argv[1], sys.argv[2]
+argv = ["minisandbox", "exec", "--upper", upper, "--", "sh", "-c", "echo pwned > /proof"]
+req = marshal.dumps({"argv": argv, "cwd": "/", "env": {"PATH": "/usr/bin:/bin"}, "umask": 18,
+    "streams": [None, None, None], "fds": []})
+s = socket.socket(socket.AF_UNIX)
+try:
+    os.chdir(os.path.dirname(path))
+    s.connect(os.path.basename(path))
+    s.sendall(struct.pack("!II", len(req), 0) + req)
+    got = b""
+    while True:
+        chunk = s.recv(100)
+        if not chunk:
+            break
+        got += chunk
+    print(repr(got))
+except OSError as e:
+    print("refused", e.errno)
+"""
+
+
+@attack
+async def attack_sandbox_drives_the_warm_process(ctx: AttackContext) -> None:
+    """The caller's runtime directory is visible in its sandbox (`--ro` of a directory that
+    holds it, as `--ro /tmp` would be): a process in the sandbox, of the caller's own uid for
+    an unprivileged caller, connects to the CLI's warm process and asks it for an `exec` whose
+    --upper is a host directory. It ran on the host as the caller (a file written outside the
+    sandbox); the warm process must serve only processes in its own namespaces."""
+    from minisandbox import Sandbox, SandboxConfig
+
+    base = scratch_subdir(ctx, "warm-")
+    env = {**os.environ, "MINISANDBOX_RUNTIME": str(base / "rt"), "MINISANDBOX_WARM": "require"}
+    find = "from minisandbox.cli.warm import socket_path; print(socket_path())"
+    where = subprocess.run(
+        [sys.executable, "-c", find], env=env, capture_output=True, text=True, check=True
+    )
+    path = where.stdout.strip()
+    server = subprocess.Popen(
+        [sys.executable, "-c", f"from minisandbox.cli.warm import serve; serve({path!r})"],
+        env=env, cwd="/", start_new_session=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    client = base / "client.py"
+    client.write_text(_WARM_CLIENT)
+    try:
+        deadline = time.monotonic() + 120
+        while not os.path.exists(path) and server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.path.exists(path), f"the warm process did not start (control): {server.poll()}"
+        async with Sandbox(SandboxConfig(ro_paths=[base])) as sb:
+            r = await sb.execute(["/usr/bin/python3", str(client), path, str(base / "escaped")])
+        escaped = base / "escaped" / "proof"
+        assert not escaped.exists(), (
+            f"a process in the sandbox had the warm process write {escaped} on the host "
+            f"(it answered {r.stdout.strip()})"
+        )
+        # Positive control: the same request from the caller's own process on the host runs.
+        host = subprocess.run(
+            [sys.executable, str(client), path, str(base / "control")],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert "X 0" in host.stdout and (base / "control" / "proof").is_file(), (
+            f"the caller's own request did not run (control): {host.stdout} {host.stderr}"
+        )
+    finally:
+        server.kill()
+        server.wait()

@@ -116,7 +116,7 @@ def test_without_a_warm_process_require_fails_and_auto_starts_one(tmp_path: Path
     env = _env(tmp_path / "rt")
     path = _socket(env)
     r = _cli(env, "exec", "--", "true")
-    assert r.returncode == 2 and f"no warm process at {path}" in r.stderr, r
+    assert r.returncode == 2 and f"no usable warm process at {path}" in r.stderr, r
     auto = {**env, "MINISANDBOX_WARM": "1"}
     assert _cli(auto, "exec", "--", "true").returncode == 0  # here, and one is started
     try:
@@ -242,8 +242,8 @@ def test_another_host_user_cannot_reach_the_warm_process(
         req = _request(["minisandbox", "exec", "--", "true"])
         s.sendall(struct.pack("!II", len(req), 0) + req)
         got = b""
-        while b"\n" not in got:
+        while b"X " not in got:
             chunk = s.recv(100)
             assert chunk, f"no status for the caller's own request: {got!r}"
             got += chunk
-    assert got.startswith(b"X 0"), got
+    assert got.startswith(b"A\nX 0"), got

@@ -159,41 +159,68 @@ def socket_path() -> str:
         # tempfile.gettempdir's first choice (importing tempfile costs 3 ms); where it would
         # choose otherwise (an unusable TMPDIR), the warm process just has another place.
         tmp = next((os.environ[v] for v in ("TMPDIR", "TEMP", "TMP") if os.environ.get(v)), "/tmp")
-        base = os.path.join(os.path.abspath(tmp), f"minisandbox-{os.geteuid()}")
-    return os.path.join(base, f"warm-{key()}.sock")
+        base = os.path.join(tmp, f"minisandbox-{os.geteuid()}")
+    return os.path.join(os.path.abspath(base), f"warm-{key()}.sock")
 
 
 # ---------------------------------------------------------------- the caller
 
+_FORWARDED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
+
 
 def run_warm(argv: Sequence[str]) -> int | None:
     """Run the command `argv` in the caller's warm process: its exit status, or None when
-    the command is not one it runs, or there is none (the caller runs it, then `after_run_here`
-    starts one), or MINISANDBOX_WARM=0."""
+    the command is not one it runs, or there is no usable one (the caller runs it, then
+    `after_run_here` starts one), or MINISANDBOX_WARM=0. A warm process that ends before it
+    took the command counts as none: the command runs here, once."""
     global _spawn_at
     how = mode()
     if how == "off" or len(argv) < 2 or argv[1] not in ROUTED:
         return None
     path = socket_path()
+    try:
+        conn = _connect(path)
+        try:
+            if _forward(conn, argv):
+                return _wait(conn)
+        finally:
+            conn.close()
+        why = "it ended before taking the command"
+    except OSError as e:
+        why = e.strerror or str(e)
+    if how == "require":
+        sys.stderr.write(
+            f"minisandbox: no usable warm process at {path} ({why}), and {SWITCH}=require: "
+            "start one "
+            f"with `python -m minisandbox.cli.warm serve`, or unset {SWITCH}\n"
+        )
+        return 2
+    _spawn_at = path
+    return None
+
+
+def _connect(path: str) -> _socket.socket:
+    """A connection to the warm process at `path`, checked to be the caller's own: the
+    directory is the caller's and writable by no one else, and the process listening is of
+    the caller's uid (else another user could plant a listener and take its streams).
+
+    Raises:
+        OSError: none there, or not the caller's.
+    """
+    st = os.lstat(os.path.dirname(path))
+    if st.st_uid != os.geteuid() or st.st_mode & 0o022 or (st.st_mode & 0o170000) != 0o040000:
+        raise PermissionError(f"{os.path.dirname(path)} is not the caller's private directory")
     conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM | _socket.SOCK_CLOEXEC)
     try:
         with _short(path) as address:
             conn.connect(address)
-    except OSError as e:
+        creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)
+        if struct.unpack("3i", creds)[1] != os.geteuid():
+            raise PermissionError(f"the process listening at {path} is another user's")
+    except BaseException:
         conn.close()
-        if how == "require":
-            sys.stderr.write(
-                f"minisandbox: no warm process at {path} ({e.strerror}), and "
-                f"{SWITCH}=require: start one with `python -m minisandbox.cli.warm serve`, "
-                f"or unset {SWITCH}\n"
-            )
-            return 2
-        _spawn_at = path
-        return None
-    try:
-        return _forward(conn, argv)
-    finally:
-        conn.close()
+        raise
+    return conn
 
 
 class _short:
@@ -214,11 +241,15 @@ class _short:
             os.close(self.fd)
 
 
-def _forward(conn: _socket.socket, argv: Sequence[str]) -> int:
+def _forward(conn: _socket.socket, argv: Sequence[str]) -> bool:
+    """Send the command; True once a worker has taken it (its "A" line), False when the warm
+    process hung up before (it was ending: nothing of the command ran)."""
     umask = os.umask(0o022)
     os.umask(umask)
     streams = [(s.encoding, s.errors) if s else None for s in (sys.stdin, sys.stdout, sys.stderr)]
     fds = [fd for fd in (0, 1, 2) if _valid(fd)]
+    # Signals the caller ignores (nohup, a background job of a script) stay ignored there.
+    ignored = [sig for sig in _FORWARDED if _signal.getsignal(sig) == _signal.SIG_IGN]
     # marshal: the same interpreter on both ends (the key names it), and no import (json
     # brings re and enum: 7 ms).
     request = marshal.dumps(
@@ -229,11 +260,18 @@ def _forward(conn: _socket.socket, argv: Sequence[str]) -> int:
             "umask": umask,
             "streams": streams,
             "fds": fds,
+            "ignored": ignored,
         }
     )
     header = struct.pack("!II", len(request), len(fds))
-    conn.sendmsg([header], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", fds))])
-    conn.sendall(request)
+    try:
+        conn.sendmsg([header], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, array("i", fds))])
+        conn.sendall(request)
+        taken = conn.recv(2)
+    except (BrokenPipeError, ConnectionResetError):
+        return False
+    if taken != b"A\n":
+        return False
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -241,8 +279,15 @@ def _forward(conn: _socket.socket, argv: Sequence[str]) -> int:
         except OSError:
             pass
 
-    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT):
-        _signal.signal(sig, forward)
+    for sig in _FORWARDED:
+        if sig not in ignored:
+            _signal.signal(sig, forward)
+    return True
+
+
+def _wait(conn: _socket.socket) -> int:
+    """The command's exit status. A worker killed by a signal kills the caller with the same
+    signal, as the command's own death would show to whoever waits for the caller."""
     got = b""
     while True:
         chunk = conn.recv(4096)
@@ -255,7 +300,12 @@ def _forward(conn: _socket.socket, argv: Sequence[str]) -> int:
             if kind == b"X":  # the worker's own exit status
                 return int(value)
             if kind == b"W":  # its wait status, as the warm process reaped it
-                return _status_code(int(value))
+                status = int(value)
+                if os.WIFSIGNALED(status):
+                    sig = os.WTERMSIG(status)
+                    _signal.signal(sig, _signal.SIG_DFL)
+                    os.kill(os.getpid(), sig)
+                return _status_code(status)
         got = got.rsplit(b"\n", 1)[-1]
 
 
@@ -285,8 +335,9 @@ def after_run_here(argv: Sequence[str]) -> None:
         "from minisandbox.cli.warm import serve; serve(" + repr(_spawn_at) + ")\n"
     )
     try:
+        flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]  # (the key holds sys.flags)
         subprocess.Popen(
-            [sys.executable, "-c", code],
+            [sys.executable, *flags, "-c", code],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -319,33 +370,34 @@ def serve(path: str, idle: float = IDLE_SECONDS) -> None:
     except OSError:
         os.close(lock)
         return  # another one serves this path
-    from minisandbox.cli.main import preload
+    from minisandbox.cli.main import preload, refresh
 
     preload()  # what every worker then has for free
     listener, inode = _listen(path)
     gc.collect()
     gc.freeze()  # the workers' copies of these pages stay shared
     workers: dict[int, socket.socket] = {}
-    last = _now()
+    last = refreshed = _now()
     try:
         while True:
             ready, _, _ = select.select([listener], [], [], 1.0)
             if ready:
-                conn, _ = listener.accept()
-                if _peer_uid(conn) != os.geteuid():
-                    conn.close()  # (the directory is private: only a bug lets one get here)
-                    continue
-                pid = os.fork()
-                if pid == 0:
-                    listener.close()
-                    os.close(lock)
-                    _work(conn)  # never returns
-                workers[pid] = conn
+                _accept(listener, lock, workers)
             _reap(workers)
+            if _now() - refreshed > _REFRESH_SECONDS:  # (between commands: a worker forks it)
+                refresh()
+                refreshed = _now()
             if workers or ready:
                 last = _now()
             elif _now() - last > idle or not _still_ours(path, inode):
-                return
+                break
+        # Gone from the path first, then every connection already queued is served: a caller
+        # never finds its command refused by a warm process that was ending.
+        if _still_ours(path, inode):
+            os.unlink(path)
+        listener.setblocking(False)
+        while _accept(listener, lock, workers):
+            pass
     finally:
         listener.close()
         if _still_ours(path, inode):
@@ -353,23 +405,48 @@ def serve(path: str, idle: float = IDLE_SECONDS) -> None:
         os.close(lock)
 
 
+# Seconds between the warm process's checks of what its workers inherit (the system layer).
+_REFRESH_SECONDS = 10.0
+
+
+def _accept(listener: socket.socket, lock: int, workers: dict[int, socket.socket]) -> bool:
+    """Take one queued connection and fork its worker; False when none is queued. A peer that
+    is not one of the caller's own processes on the host (another uid, or a process in another
+    user, mount or pid namespace: a sandbox, which can share the caller's uid) is refused."""
+    try:
+        conn, _ = listener.accept()
+    except (BlockingIOError, InterruptedError):
+        return False
+    if not _peer_is_ours(conn):
+        conn.close()
+        return True
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        os.close(lock)
+        for other in workers.values():  # (their callers' sockets are not this worker's)
+            other.close()
+        _work(conn)  # never returns
+    workers[pid] = conn
+    return True
+
+
 def _listen(path: str) -> tuple[socket.socket, int]:
-    """The listening socket at `path` (mode 600), and its inode."""
+    """The listening socket at `path` (mode 600), and its inode: bound under a temporary
+    name and listening before it is renamed there, so a caller never meets it unready."""
     import signal
     import socket
 
-    try:
-        os.unlink(path)  # a dead warm process's (we hold the lock)
-    except FileNotFoundError:
-        pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    staging = f"{path}.{os.getpid()}.new"
     old = os.umask(0o177)
     try:
-        with _short(path) as address:
+        with _short(staging) as address:
             listener.bind(address)
     finally:
         os.umask(old)
     listener.listen(128)
+    os.replace(staging, path)  # (a dead warm process's socket: we hold the lock)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     return listener, os.stat(path).st_ino
 
@@ -380,11 +457,37 @@ def _now() -> float:
     return time.monotonic()
 
 
-def _peer_uid(conn: socket.socket) -> int:
+_SO_PEERPIDFD = 77  # (Linux 6.5; the socket module names it from Python 3.13)
+
+
+def _peer_is_ours(conn: socket.socket) -> bool:
+    """Whether the peer is a process of our uid in our own user, mount and pid namespaces.
+    Its pid is pinned by a pidfd (SO_PEERPIDFD, else pidfd_open at once) and checked alive
+    after its namespaces were read: a pid reused meanwhile cannot pass for it."""
     import socket
 
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return int(struct.unpack("3i", creds)[1])
+    pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+    if uid != os.geteuid() or pid <= 0:
+        return False
+    try:
+        try:
+            pidfd = struct.unpack("i", conn.getsockopt(socket.SOL_SOCKET, _SO_PEERPIDFD, 4))[0]
+        except OSError:
+            pidfd = os.pidfd_open(pid)
+    except OSError:
+        return False
+    try:
+        for ns in ("user", "mnt", "pid"):
+            if os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"):
+                return False
+        import signal
+
+        signal.pidfd_send_signal(pidfd, 0)  # still the process whose namespaces were read
+    except OSError:
+        return False
+    finally:
+        os.close(pidfd)
+    return True
 
 
 def _still_ours(path: str, inode: int) -> bool:
@@ -420,8 +523,17 @@ def _work(conn: socket.socket) -> None:
     code = 1
     try:
         request = _take_request(conn)
+    except BaseException:  # a broken request (or its caller gone): nothing of it ran
+        os._exit(2)
+    try:
+        conn.sendall(b"A\n")  # taken: from here on the caller waits for this command's status
         code = _run(conn, request)
-    except BaseException as e:  # a broken request: the caller gets a line and a status
+    except KeyboardInterrupt:  # (as the interpreter ends on one that nothing caught)
+        code = 130
+    except BaseException as e:
+        import traceback
+
+        traceback.print_exc()
         try:
             os.write(2, f"minisandbox: the warm process could not run the command: {e}\n".encode())
         except OSError:
@@ -454,7 +566,12 @@ def _take_request(conn: socket.socket) -> dict[str, Any]:
     targets = request["fds"]
     if len(targets) != len(fds) or not set(targets) <= {0, 1, 2}:
         raise ValueError("malformed request")
-    # The caller's streams, in place of the warm process's: fds 0, 1, 2 (those it had).
+    # The caller's streams, in place of the warm process's: fds 0, 1, 2 (those it had; the
+    # others are /dev/null, never the warm process's own).
+    null = os.open(os.devnull, os.O_RDWR)
+    for target in {0, 1, 2} - set(targets):
+        os.dup2(null, target)
+    os.close(null)
     for target, fd in zip(targets, fds, strict=True):
         os.dup2(fd, target)
     for fd in fds:
@@ -478,6 +595,8 @@ def _run(conn: socket.socket, request: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
+    for sig in request.get("ignored", ()):  # as the caller had them (nohup, `cmd &`)
+        signal.signal(sig, signal.SIG_IGN)
     relay = threading.Thread(target=_relay, args=(conn,), name="minisandbox-warm-relay")
     relay.daemon = True
     relay.start()
