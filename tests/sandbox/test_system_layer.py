@@ -4,10 +4,13 @@ reused by every process while the host files it copies are unchanged."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import pytest
 
 from minisandbox.sandbox.rootfs import build_system_layer, system_layer_key
 
@@ -65,6 +68,47 @@ def test_processes_of_a_node_share_one_system_layer(tmp_path: Path) -> None:
     again = layer.stat()
     assert (again.st_ino, again.st_mtime_ns) == (made.st_ino, made.st_mtime_ns)  # not remade
     assert not list(root.glob(".node-system-*"))  # no staging left
+
+
+def test_a_process_uses_the_layer_another_made_and_rebuilds_a_removed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As a new process: nothing memoised, and building is not allowed (it must find the
+    layer made before); then, the layer removed, the next lookup makes it again."""
+    from minisandbox.sandbox import startup
+
+    root = tmp_path / "rt"
+    root.mkdir(mode=0o700)
+    made = startup.system_layer(root, None)
+    startup.forget_system_layers()
+
+    def no_build(path: Path, owner: object) -> Path:
+        raise AssertionError(f"built again at {path}")
+
+    monkeypatch.setattr(startup, "build_system_layer", no_build)
+    assert startup.system_layer(root, None) == made
+    monkeypatch.undo()
+    startup.forget_system_layers()
+    shutil.rmtree(made)
+    assert startup.system_layer(root, None) == made and (made / "etc" / "passwd").is_file()
+    startup.forget_system_layers()
+
+
+def test_modes_do_not_follow_the_builder_s_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        layer = build_system_layer(tmp_path / "system-k", None)
+    finally:
+        os.umask(old)
+    modes = {
+        name: oct(os.lstat(layer / name).st_mode & 0o7777)
+        for name in ("", "etc", "usr", "proc", "run/minisandbox", "etc/passwd", "etc/hosts")
+    }
+    assert modes == {
+        "": "0o755", "etc": "0o755", "usr": "0o755", "proc": "0o755",
+        "run/minisandbox": "0o755", "etc/passwd": "0o644", "etc/hosts": "0o644",
+    }  # fmt: skip
+    assert oct(os.lstat(layer / "tmp").st_mode & 0o7777) == "0o1777"
 
 
 def test_builders_racing_for_one_layer_all_get_it_and_leave_no_staging(tmp_path: Path) -> None:

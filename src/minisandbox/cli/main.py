@@ -60,8 +60,7 @@ def preload() -> None:
     import minisandbox.tasks.builder
     import minisandbox.tasks.loaders  # noqa: F401
     from minisandbox.errors import MiniSandboxError
-    from minisandbox.sandbox import bwrap, hostpython, runtime, startup
-    from minisandbox.sandbox.config import SandboxConfig
+    from minisandbox.sandbox import bwrap, hostpython
 
     _warm_parse(_command())
     # Per-process lookups that stay valid while the warm process's key does (its environment,
@@ -70,11 +69,21 @@ def preload() -> None:
         bwrap.find_bwrap()
     with contextlib.suppress(OSError):
         hostpython.usr_package_dirs()
-    # The system layer, as every long-lived process looks it up (once): in the caller's
-    # private runtime directory.
+    refresh()
+
+
+def refresh() -> None:
+    """Look the system layer up again (a warm process does every few seconds, between
+    commands): host /etc changed, or the layer was removed, its workers get the new one, as a
+    new process would."""
+    from minisandbox.errors import MiniSandboxError
+    from minisandbox.sandbox import runtime, startup
+    from minisandbox.sandbox.config import SandboxConfig
+
     with contextlib.suppress(MiniSandboxError, OSError):
         root = runtime.runtime_root()
         runtime.private_root(root)
+        startup.forget_system_layers()
         startup.system_layer(root, SandboxConfig().layer_owner())
 
 

@@ -88,7 +88,7 @@ class MountPlan:
 
 
 # Bumped when build_system_layer makes something different from the same host files.
-SYSTEM_LAYER_FORMAT = 1
+SYSTEM_LAYER_FORMAT = 2  # 2: modes set whatever the builder's umask
 
 
 def system_layer_key(owner: tuple[int, int] | None, etc: str = "/etc") -> str:
@@ -115,8 +115,10 @@ def system_layer_key(owner: tuple[int, int] | None, etc: str = "/etc") -> str:
             for name in names:
                 add(os.path.join(path, name))
 
-    for name in _SYSTEM_TOP:
-        add(f"/{name}")
+    for name in _SYSTEM_TOP:  # only what is copied: the links (a real /lib is bound, live)
+        path = f"/{name}"
+        target = os.readlink(path) if os.path.islink(path) else ""
+        h.update(f"{path}\0{os.path.islink(path)}\0{target}\n".encode())
     for entry in _ETC_ENTRIES:
         add(os.path.join(etc, entry))
     return h.hexdigest()
@@ -138,6 +140,9 @@ def build_system_layer(path: Path, owner: tuple[int, int] | None) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         if e.errno not in (errno.EEXIST, errno.ENOTEMPTY) or not path.is_dir():
             raise
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     return path
 
 
@@ -171,6 +176,19 @@ def _fill_system_layer(staging: Path, owner: tuple[int, int] | None) -> None:
     for name in _FILE_MOUNT_POINTS:  # empty: bwrap mounts each sandbox's own over them
         (etc / name).touch(mode=0o644)
     os.symlink("/proc/self/mounts", etc / "mtab")
+    # Modes as stated, not as the builder's umask left them: every later sandbox of the node
+    # uses this layer (the copies keep their /etc modes).
+    made = {staging / "etc"}
+    for name in (*_MOUNT_POINTS, *(f"etc/{e}" for e in _ETC_ENTRIES)):
+        made.update(p for p in (staging / name).parents if p.is_relative_to(staging))
+    made.update(staging / name for name in _MOUNT_POINTS)
+    for directory in made:  # (what copytree copied keeps its own modes)
+        if directory.is_dir() and not directory.is_symlink():
+            os.chmod(directory, 0o755)
+    os.chmod(staging / "root", 0o700)
+    os.chmod(staging / "tmp", 0o1777)
+    for name in ("passwd", "group", *_FILE_MOUNT_POINTS):
+        os.chmod(etc / name, 0o644)
     if owner is not None:
         for dirpath, _dirnames, _files in os.walk(staging):
             os.chown(dirpath, *owner)

@@ -82,6 +82,13 @@ def system_layer(root: Path, owner: tuple[int, int] | None) -> Path:
         return _system_layers[key]
 
 
+def forget_system_layers() -> None:
+    """Look the system layer up again at the next start (a long-lived process that forks
+    workers refreshes it between them)."""
+    with _system_lock:
+        _system_layers.clear()
+
+
 def _usable_layer(path: Path, owner: tuple[int, int] | None) -> bool:
     """A directory made as build_system_layer makes it: owned by us, or by `owner` (a root
     caller's sandbox uid). Nobody else can have put it there: `root` is private."""
