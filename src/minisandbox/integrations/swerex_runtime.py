@@ -7,7 +7,6 @@ bash on a real pty inside the sandbox).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import os
@@ -58,7 +57,7 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 
 from minisandbox import errors
 from minisandbox.sandbox.api import SandboxAPI, SessionAPI
-from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult
+from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult, ShellSession
 from minisandbox.sandbox.sync import on_loop
 
 __all__ = ["PS1", "MiniSandboxRuntime"]
@@ -237,8 +236,9 @@ class MiniSandboxRuntime(AbstractRuntime):
         timeout = max(action.timeout, 1.0 / tries)
         try:
             if action.expect:
-                # Ctrl-C to a program that keeps running (a REPL): wait for its prompt.
-                r = await _send_ctrl_c(shell, tries, timeout, action.expect)
+                # Ctrl-C to a program that keeps running (a REPL): wait for its prompt, once
+                # (a second Ctrl-C to a REPL slow to redraw would print a second prompt).
+                r = await shell.send("\x03", expect=action.expect, timeout=timeout * tries)
             else:
                 r, session.report = await _stop_foreground_job(shell, tries, timeout)
             if r.restarted and session.startup is not None:
@@ -361,20 +361,25 @@ class MiniSandboxRuntime(AbstractRuntime):
 # ---------------------------------------------------------------- deployment
 
 
-async def _send_ctrl_c(
-    shell: SessionAPI, tries: int, timeout: float, expect: list[str] | None = None
-) -> SessionResult:
-    """Ctrl-C until the prompt (or a pattern of `expect`) is back, at most `tries` times, each
-    waited for `timeout` seconds. The session keeps what was printed across the waits.
+async def _send_ctrl_c(shell: SessionAPI, tries: int, timeout: float) -> SessionResult:
+    """Ctrl-C until the prompt is back, at most `tries` times, each waited for `timeout`
+    seconds. Sent again only while a job still holds the terminal: once the shell has it back
+    (the job ended meanwhile), a Ctrl-C would print a second prompt, and every later command
+    would read the one before's; the prompt on its way is waited for instead.
 
     Raises:
         CommandTimeoutError: no prompt after the last one.
         SessionError: as ShellSession.send.
     """
-    for _ in range(tries - 1):
-        with contextlib.suppress(errors.CommandTimeoutError):
-            return await shell.send("\x03", expect=expect, timeout=timeout)
-    return await shell.send("\x03", expect=expect, timeout=timeout)
+    for attempt in range(tries):
+        last = attempt == tries - 1
+        again = attempt == 0 or not isinstance(shell, ShellSession) or shell.job_in_foreground()
+        try:
+            return await shell.send("\x03" if again else "", timeout=timeout)
+        except errors.CommandTimeoutError:
+            if last:
+                raise
+    raise AssertionError("unreachable")
 
 
 async def _stop_foreground_job(

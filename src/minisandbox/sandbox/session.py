@@ -438,6 +438,12 @@ class ShellSession:
         self._busy = result.exit_code is None
         return result
 
+    def job_in_foreground(self) -> bool:
+        """Whether a program other than the shell holds the session's terminal (a command or
+        an interactive program is running): False once the shell has its terminal back."""
+        pgid = self._foreground_pgid()
+        return pgid is not None and pgid != self._shell_pgid
+
     def _foreground_pgid(self) -> int | None:
         if self._master is None:
             return None
