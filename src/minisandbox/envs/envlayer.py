@@ -146,8 +146,8 @@ class _EnvBuild:
         )
         await step(
             "bytecode",
-            f"PYTHONHASHSEED=0 {VENV}/bin/python /tmp/bytecode.py {VENV}/lib/python*/site-packages"
-            " || true",
+            f"PYTHONHASHSEED=0 {VENV}/bin/python -S /tmp/bytecode.py "
+            f"{VENV}/lib/python*/site-packages || true",
         )
         meta: dict[str, Any] = {"relaxed": [r.model_dump() for r in relaxed]}
         if unresolved is not None:  # installed without resolving: what it holds, and

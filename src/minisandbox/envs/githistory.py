@@ -167,6 +167,13 @@ class PackCache:
                     # 19.1 MB stored; 36 MB on a node).
                     "-c",
                     "pack.compression=0",
+                    # git's defaults, whatever the source repository's own config says.
+                    "-c",
+                    "pack.window=10",
+                    "-c",
+                    "pack.depth=50",
+                    "-c",
+                    "core.bigFileThreshold=512m",
                     "pack-objects",
                     "--revs",
                     # Deltas and objects made here, not copied from the source's own packs:

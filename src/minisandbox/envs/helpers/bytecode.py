@@ -2,9 +2,10 @@
 environment of one Python version, so that the layer store keeps each package's .pyc once.
 
 Run inside the build sandbox by the venv's own python (3.6 and later), with PYTHONHASHSEED=0
-(frozenset constants are marshalled in hash order):
+(frozenset constants are marshalled in hash order) and -S (no .pth file imports anything into
+the process the compiling forks start from):
 
-    python bytecode.py SITE_PACKAGES...
+    python -S bytecode.py SITE_PACKAGES...
 
 A .pyc holds its source's mtime: every file gets the same one (2000-01-01) first. And marshal
 marks an object as shared by its reference count, which depends on what the compiling process
@@ -19,18 +20,28 @@ import sys
 EPOCH = 946684800  # 2000-01-01, as the checkouts' files (envs/githistory.py)
 
 
-def settle_mtimes(site):
+def settle_mtimes(site, pyc_only=False):
     for root, dirs, files in os.walk(site):
         for name in dirs + files:
-            os.utime(os.path.join(root, name), (EPOCH, EPOCH), follow_symlinks=False)
+            if pyc_only and not name.endswith(".pyc"):
+                continue
+            try:
+                os.utime(os.path.join(root, name), (EPOCH, EPOCH), follow_symlinks=False)
+            except OSError:  # (one file that cannot be touched does not stop the rest)
+                pass
 
 
 def compile_entry(path):
     if os.path.isdir(path) and not os.path.islink(path):
-        return compileall.compile_dir(path, maxlevels=64, quiet=1)
-    if path.endswith(".py"):
-        return compileall.compile_file(path, quiet=1)
-    return True
+        ok = compileall.compile_dir(path, maxlevels=64, quiet=1)
+    elif path.endswith(".py"):
+        ok = compileall.compile_file(path, quiet=1)
+    else:
+        return True
+    # The .pyc files too: the node's file pool shares identical files only at equal mtimes
+    # (their validity rests on the source mtime inside them, not on their own).
+    settle_mtimes(path if os.path.isdir(path) else os.path.dirname(path), pyc_only=True)
+    return ok
 
 
 def main(sites):
