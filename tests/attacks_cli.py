@@ -255,7 +255,7 @@ async def attack_sandbox_drives_the_warm_process(ctx: AttackContext) -> None:
     )
     path = where.stdout.strip()
     server = subprocess.Popen(
-        [sys.executable, "-c", f"from minisandbox.cli.warm import serve; serve({path!r})"],
+        [sys.executable, "-c", f"from minisandbox.cli.warmserver import serve; serve({path!r})"],
         env=env, cwd="/", start_new_session=True, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     client = base / "client.py"

@@ -61,7 +61,7 @@ def warm(tmp_path: Path) -> Iterator[tuple[dict[str, str], Path]]:
     env = _env(runtime)
     path = _socket(env)
     server = subprocess.Popen(
-        [sys.executable, "-c", f"from minisandbox.cli.warm import serve; serve({str(path)!r})"],
+        [sys.executable, "-c", f"from minisandbox.cli.warmserver import serve; serve('{path}')"],
         env=env,
         cwd="/",
         start_new_session=True,

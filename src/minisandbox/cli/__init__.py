@@ -5,7 +5,8 @@
 - `sandboxes`: `shell` and `exec`; `demo`; `tasks`; `build` (and `build_all`, which `eval`
   uses); `evaluate`: `eval`; `cache`: the `cache` commands;
 - `warm`: a process per node and user that keeps all of this imported, so that a short command
-  (`exec`) costs a fork of it instead of a second of imports;
+  (`exec`) costs a fork of it instead of a second of imports (`warm` is the caller's side,
+  `warmserver` the warm process's);
 - `progress`: per-instance progress on stderr; `aiorun`: asyncio.run made to end;
 - `oserrors`: an OSError (disk full, quota, permission) explained by the place it hit.
 
