@@ -78,17 +78,23 @@ def bare_upper(scratch: Path, config: SandboxConfig) -> Path:
     return upper
 
 
-async def bare(bwrap: Path, system: Path, config: SandboxConfig, scratch: Path) -> None:
+class Bare(NamedTuple):
+    bwrap: Path
+    system: Path
+    scratch: Path
+
+
+async def bare(config: SandboxConfig, b: Bare) -> None:
     """bwrap as ours starts it (run by the caller, the sandbox's uid mapped in by the host
     through --userns-block-fd: a root caller's layers belong to that uid), running `true`."""
-    upper = bare_upper(scratch, config)
+    upper = bare_upper(b.scratch, config)
     owner = config.layer_owner()
     if owner is not None:
         for dirpath, _dirs, _files in os.walk(upper):
             os.chown(dirpath, *owner)
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
-    argv = bare_argv(bwrap, system, config, upper)
+    argv = bare_argv(b.bwrap, b.system, config, upper)
     argv[1:1] = ["--userns-block-fd", str(block_r), "--info-fd", str(info_w)]
     try:
         proc = await asyncio.create_subprocess_exec(
@@ -121,12 +127,6 @@ async def ours(config: SandboxConfig, started: list[Sandbox]) -> None:
         raise RuntimeError(f"`true` exited {r.exit_code}: {r.output}")
 
 
-class Bare(NamedTuple):
-    bwrap: Path
-    system: Path
-    scratch: Path
-
-
 async def one(kind: str, config: SandboxConfig, b: Bare) -> float:
     started: list[Sandbox] = []
     t0 = time.perf_counter()
@@ -134,7 +134,7 @@ async def one(kind: str, config: SandboxConfig, b: Bare) -> float:
         if kind == "ours":
             await ours(config, started)
         else:
-            await bare(b.bwrap, b.system, config, b.scratch)
+            await bare(config, b)
         return time.perf_counter() - t0
     finally:
         for sb in started:
@@ -149,7 +149,7 @@ async def many(kind: str, n: int, config: SandboxConfig, b: Bare) -> float:
         if kind == "ours":
             await asyncio.gather(*(ours(config, started) for _ in range(n)))
         else:
-            await asyncio.gather(*(bare(b.bwrap, b.system, config, b.scratch) for _ in range(n)))
+            await asyncio.gather(*(bare(config, b) for _ in range(n)))
         return (time.perf_counter() - t0) / n
     finally:
         await asyncio.gather(*(sb.stop() for sb in started))
@@ -164,14 +164,14 @@ def clear(scratch: Path) -> None:
 async def measure(
     name: str, config: SandboxConfig, args: argparse.Namespace, system: Path, scratch: Path
 ) -> dict[str, Any]:
-    argv = Bare(find_bwrap(config.bwrap), system, scratch)
+    b = Bare(find_bwrap(config.bwrap), system, scratch)
     for _ in range(3):  # warm-up: page cache, the process's runtime directory
-        await one("ours", config, argv)
-        await one("bare", config, argv)
+        await one("ours", config, b)
+        await one("bare", config, b)
     single: dict[str, list[int]] = {"ours": [], "bare": []}
     for i in range(args.n):
         for kind in ("ours", "bare") if i % 2 == 0 else ("bare", "ours"):
-            single[kind].append(int(await one(kind, config, argv) * 1e9))
+            single[kind].append(int(await one(kind, config, b) * 1e9))
     out: dict[str, Any] = {}
     out |= summarize_ms(f"{name}_ours_start", single["ours"])
     out |= summarize_ms(f"{name}_bare_start", single["bare"])
@@ -181,7 +181,7 @@ async def measure(
     per: dict[str, list[float]] = {"ours": [], "bare": []}
     for i in range(args.rounds):
         for kind in ("ours", "bare") if i % 2 == 0 else ("bare", "ours"):
-            per[kind].append(await many(kind, args.concurrent, config, argv))
+            per[kind].append(await many(kind, args.concurrent, config, b))
             log(f"{name}: {args.concurrent} {kind} at once: {per[kind][-1] * 1e3:.1f} ms each")
     for kind in ("ours", "bare"):
         out[f"{name}_{kind}_per_start_{args.concurrent}_ms"] = round(

@@ -38,7 +38,7 @@ def main() -> None:
     try:
         run_here()
     finally:
-        warm.after_run_here(sys.argv)
+        warm.after_run_here()
 
 
 def __getattr__(name: str) -> Any:

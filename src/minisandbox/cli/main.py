@@ -54,7 +54,6 @@ def preload() -> None:
     import asyncio  # noqa: F401
 
     import minisandbox.cli.termfilter
-    import minisandbox.errors
     import minisandbox.runtime
     import minisandbox.sandbox.sandbox
     import minisandbox.tasks.builder

@@ -321,7 +321,7 @@ def _status_code(status: int) -> int:
     return os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
 
 
-def after_run_here(argv: Sequence[str]) -> None:
+def after_run_here() -> None:
     """After a command ran in the caller's own process for want of a warm process: start one
     for the next, detached (its own session, no streams of the caller's)."""
     if _spawn_at is None:

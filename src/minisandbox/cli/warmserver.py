@@ -8,16 +8,24 @@ Started by `warm.after_run_here` (or `python -m minisandbox.cli.warmserver [SOCK
 
 from __future__ import annotations
 
+import atexit
+import fcntl
+import gc
+import io
 import marshal
 import os
+import select
+import signal
+import socket
 import struct
 import sys
-from typing import TYPE_CHECKING, Any
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
 
 from minisandbox.cli.warm import IDLE_SECONDS, ShortAddress
-
-if TYPE_CHECKING:
-    import socket
 
 _MAX_REQUEST = 4 << 20  # the caller's argv and environment
 _REQUEST_TIMEOUT = 30.0
@@ -27,11 +35,6 @@ def serve(path: str, idle: float = IDLE_SECONDS) -> None:
     """Be the warm process at `path` (its directory must be the caller's private runtime
     directory), until `idle` seconds pass without a command or another takes the path. Returns
     at once when another warm process holds it."""
-    import fcntl
-    import gc
-    import select
-    from pathlib import Path
-
     from minisandbox.sandbox.runtime import private_root
 
     private_root(Path(path).parent)  # ours alone, or no warm process
@@ -48,19 +51,20 @@ def serve(path: str, idle: float = IDLE_SECONDS) -> None:
     gc.collect()
     gc.freeze()  # the workers' copies of these pages stay shared
     workers: dict[int, socket.socket] = {}
-    last = refreshed = _now()
+    last = refreshed = time.monotonic()
     try:
         while True:
             ready, _, _ = select.select([listener], [], [], 1.0)
             if ready:
                 _accept(listener, lock, workers)
             _reap(workers)
-            if _now() - refreshed > _REFRESH_SECONDS:  # (between commands: a worker forks it)
+            # Between commands: a worker forks what the warm process holds.
+            if time.monotonic() - refreshed > _REFRESH_SECONDS:
                 refresh()
-                refreshed = _now()
+                refreshed = time.monotonic()
             if workers or ready:
-                last = _now()
-            elif _now() - last > idle or not _still_ours(path, inode):
+                last = time.monotonic()
+            elif time.monotonic() - last > idle or not _still_ours(path, inode):
                 break
         # Gone from the path first, then every connection already queued is served: a caller
         # never finds its command refused by a warm process that was ending.
@@ -105,8 +109,6 @@ def _accept(listener: socket.socket, lock: int, workers: dict[int, socket.socket
 def _listen(path: str) -> tuple[socket.socket, int]:
     """The listening socket at `path` (mode 600), and its inode: bound under a temporary
     name and listening before it is renamed there, so a caller never meets it unready."""
-    import signal
-    import socket
 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     staging = f"{path}.{os.getpid()}.new"
@@ -122,12 +124,6 @@ def _listen(path: str) -> tuple[socket.socket, int]:
     return listener, os.stat(path).st_ino
 
 
-def _now() -> float:
-    import time
-
-    return time.monotonic()
-
-
 _SO_PEERPIDFD = 77  # (Linux 6.5; the socket module names it from Python 3.13)
 
 
@@ -135,7 +131,6 @@ def _peer_is_ours(conn: socket.socket) -> bool:
     """Whether the peer is a process of our uid in our own user, mount and pid namespaces.
     Its pid is pinned by a pidfd (SO_PEERPIDFD, else pidfd_open at once) and checked alive
     after its namespaces were read: a pid reused meanwhile cannot pass for it."""
-    import socket
 
     pid, uid, _gid = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
     if uid != os.geteuid() or pid <= 0:
@@ -151,7 +146,6 @@ def _peer_is_ours(conn: socket.socket) -> bool:
         for ns in ("user", "mnt", "pid"):
             if os.readlink(f"/proc/{pid}/ns/{ns}") != os.readlink(f"/proc/self/ns/{ns}"):
                 return False
-        import signal
 
         signal.pidfd_send_signal(pidfd, 0)  # still the process whose namespaces were read
     except OSError:
@@ -191,7 +185,6 @@ def _reap(workers: dict[int, socket.socket]) -> None:
 def _work(conn: socket.socket) -> None:
     """A worker: take the caller's request and streams, run the command as the CLI does in
     the caller's process, report its exit status. Never returns."""
-    code = 1
     try:
         request = _take_request(conn)
     except BaseException:  # a broken request (or its caller gone): nothing of it ran
@@ -202,8 +195,6 @@ def _work(conn: socket.socket) -> None:
     except KeyboardInterrupt:  # (as the interpreter ends on one that nothing caught)
         code = 130
     except BaseException as e:
-        import traceback
-
         traceback.print_exc()
         try:
             os.write(2, f"minisandbox: the warm process could not run the command: {e}\n".encode())
@@ -218,7 +209,6 @@ def _work(conn: socket.socket) -> None:
 
 
 def _take_request(conn: socket.socket) -> dict[str, Any]:
-    import socket
 
     conn.settimeout(_REQUEST_TIMEOUT)
     header, fds, _flags, _addr = socket.recv_fds(conn, 8, 3)
@@ -253,9 +243,6 @@ def _take_request(conn: socket.socket) -> dict[str, Any]:
 
 
 def _run(conn: socket.socket, request: dict[str, Any]) -> int:
-    import atexit
-    import signal
-    import threading
 
     os.chdir(request["cwd"])
     os.umask(int(request["umask"]))
@@ -291,7 +278,6 @@ def _run(conn: socket.socket, request: dict[str, Any]) -> int:
 def _take_streams(streams: list[tuple[str, str] | None]) -> None:
     """sys.stdin, stdout and stderr on fds 0, 1, 2 (now the caller's), as the caller's own
     interpreter made them: its encodings, line buffering on a terminal."""
-    import io
 
     for i, name in enumerate(("stdin", "stdout", "stderr")):
         entry = streams[i]
@@ -313,7 +299,6 @@ def _take_streams(streams: list[tuple[str, str] | None]) -> None:
 
 def _relay(conn: socket.socket) -> None:
     """The caller's signals, as its own; the caller gone, the command goes with it."""
-    import signal
 
     got = b""
     while True:
