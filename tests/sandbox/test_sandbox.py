@@ -11,6 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from minisandbox.errors import (
     SandboxNotRunningError,
     SandboxStartError,
 )
+from minisandbox.sandbox import startup
 from minisandbox.sandbox.channel import ChannelDir, ControlChannel, Job, env_words
 
 
@@ -247,6 +249,29 @@ async def test_stop_is_idempotent_and_safe_before_start() -> None:
     assert not runtime_dir.exists()
     with pytest.raises(SandboxNotRunningError):
         await sb2.execute("true")
+
+
+async def test_a_control_shell_that_cannot_run_fails_the_start_with_bwraps_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bwrap exits when its command cannot run; the start says why at once (it waited out its
+    30 s timeout before: the host's spare FIFO end hid the end of the channel)."""
+    real = startup.bwrap_argv
+
+    def missing_shell(*args: Any, **kwargs: Any) -> list[str]:
+        argv = real(*args, **kwargs)
+        at = argv.index("-c") - 1  # the control shell's path
+        argv[at] = "/run/minisandbox/no-such-shell"
+        return argv
+
+    monkeypatch.setattr(startup, "bwrap_argv", missing_shell)
+    sb = Sandbox()
+    with pytest.raises(SandboxStartError, match="no-such-shell"):
+        await sb.start()
+    assert not sb.running
+    monkeypatch.undo()
+    async with Sandbox() as ok:  # positive control
+        assert (await ok.execute(["true"])).exit_code == 0
 
 
 async def test_sandbox_that_exits_reports_it(sandbox: Sandbox) -> None:

@@ -348,7 +348,8 @@ class Sandbox(FileOperations, SessionOperations):
         channel = ControlChannel(reader, writer, self._files, on_close=self._channel_closed)
         self._channel = channel
         channel.start()
-        await startup.within(channel.ready(), "start its control shell")
+        if not await startup.within(self._ready_or_exit(channel), "start its control shell"):
+            await self._fail_start()
         self._fifos.seal()
         self._runner = CommandExecutor(
             channel,
@@ -356,6 +357,26 @@ class Sandbox(FileOperations, SessionOperations):
             workdir=self.config.workdir,
             default_timeout=self.config.limits.command_timeout,
         )
+
+    async def _ready_or_exit(self, channel: ControlChannel) -> bool:
+        """True once the control shell replies; False if bwrap exits first (its command could
+        not run). The host holds a spare end of the reply FIFO until then, so the channel
+        alone would never see the end.
+
+        Raises:
+            SandboxNotRunningError: the channel closed first.
+        """
+        assert self._proc is not None
+        ready = asyncio.ensure_future(channel.ready())
+        exited = asyncio.ensure_future(self._proc.wait())
+        try:
+            await asyncio.wait((ready, exited), return_when=asyncio.FIRST_COMPLETED)
+            replied = ready.done()
+        finally:
+            await cancel_and_wait([t for t in (ready, exited) if not t.done()])
+        if replied:
+            ready.result()
+        return replied
 
     def _channel_closed(self) -> BaseException:
         """The control shell is gone: why, for whatever still waits on it."""
