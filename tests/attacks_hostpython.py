@@ -19,6 +19,7 @@ from pathlib import Path
 
 from attacks import AttackContext, AttackSkipped, attack, sh
 from minisandbox import Sandbox, SandboxConfig
+from minisandbox.sandbox.covers import COVERS_VAR
 from minisandbox.utils.safefs import discard_tree
 
 # The gold line of SWE-bench Verified pallets__flask-5014, as a later flask ships it.
@@ -26,6 +27,24 @@ FIX_LINE = "raise ValueError(\"'name' may not be empty.\")"
 # What these attacks plant outside the test session's directory (the host's /usr, /var/tmp) is
 # named `<prefix><pid>-...`: conftest.py removes a killed run's (its pid dead) at the next start.
 USR_PLANT_PREFIX = "minisandbox-attack-"
+
+
+@contextlib.contextmanager
+def _covered_by(how: str) -> Iterator[None]:
+    """Covers made as `how` says (covers.py: one overlay per bound tree, or the tmpfs per
+    directory that a host without usable overlays falls back to): each attack tries both."""
+    old = os.environ.get(COVERS_VAR)
+    os.environ[COVERS_VAR] = how
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[COVERS_VAR]
+        else:
+            os.environ[COVERS_VAR] = old
+
+
+COVERS = ("overlay", "tmpfs")
 
 
 def _plant(root: Path, rel: str, token: str) -> Path:
@@ -89,24 +108,31 @@ async def attack_read_packages_of_the_task_interpreter(ctx: AttackContext) -> No
     try:
         os.chmod(base, 0o755)
         prefix, version = _throwaway_prefix(base, token)
-        async with Sandbox(SandboxConfig(ro_paths=[prefix])) as sb:
-            # Positive control: the prefix is bound, its standard library readable.
-            r = await sh(
-                sb, f"head -c 200 {prefix}/lib/{version}/os.py; ls {prefix}/lib/{version}/json"
-            )
-            assert r.exit_code == 0 and "__init__.py" in r.stdout, (
-                f"the interpreter's standard library is not visible (positive control): {r}"
-            )
-            r = await sh(sb, f"test -x {prefix}/bin/{version} && echo exe")
-            assert r.stdout.strip() == "exe", f"the interpreter's binary is not visible: {r}"
-            found = await _search(sb, [str(prefix)], token)
-            assert not found, (
-                f"a later release installed into the task's interpreter is readable: {found}"
-            )
-            r = await sh(sb, f"ls -A {prefix}/lib/{version}/site-packages {prefix}/pkgs 2>&1")
-            assert "flask" not in r.stdout and "zz-later.pth" not in r.stdout, r.stdout
+        for how in COVERS:
+            with _covered_by(how):
+                await _search_prefix(prefix, version, token, how)
     finally:
         discard_tree(base)
+
+
+async def _search_prefix(prefix: Path, version: str, token: str, how: str) -> None:
+    async with Sandbox(SandboxConfig(ro_paths=[prefix])) as sb:
+        # Positive control: the prefix is bound, its standard library readable.
+        r = await sh(
+            sb, f"head -c 200 {prefix}/lib/{version}/os.py; ls {prefix}/lib/{version}/json"
+        )
+        assert r.exit_code == 0 and "__init__.py" in r.stdout, (
+            f"the interpreter's standard library is not visible (positive control): {r}"
+        )
+        r = await sh(sb, f"test -x {prefix}/bin/{version} && echo exe")
+        assert r.stdout.strip() == "exe", f"the interpreter's binary is not visible: {r}"
+        found = await _search(sb, [str(prefix)], token)
+        assert not found, (
+            f"a later release installed into the task's interpreter is readable ({how} "
+            f"covers): {found}"
+        )
+        r = await sh(sb, f"ls -A {prefix}/lib/{version}/site-packages {prefix}/pkgs 2>&1")
+        assert "flask" not in r.stdout and "zz-later.pth" not in r.stdout, r.stdout
 
 
 @contextlib.contextmanager
@@ -143,19 +169,27 @@ async def attack_read_host_usr_python_packages(ctx: AttackContext) -> None:
     token = f"later-release-{secrets.token_hex(8)}"
     if ctx.caller == "root" and os.geteuid() == 0:
         with _usr_plants(token) as made:
-            async with Sandbox(SandboxConfig()) as sb:
-                vendor = next(p for p in made if p.parent == Path("/usr/lib"))
-                r = await sh(sb, f"cat {vendor}/bin/tool")
-                assert "vendored-tool" in r.stdout, f"/usr is not bound (positive control): {r}"
-                found = await _search(sb, [str(p) for p in made], token)
-                assert not found, f"a later release under the host's /usr is readable: {found}"
+            for how in COVERS:
+                with _covered_by(how):
+                    await _search_usr(made, token, how)
         return
     dist = Path("/usr/lib/python3/dist-packages")
     names = sorted(os.listdir(dist)) if dist.is_dir() else []
     if not names:
         raise AttackSkipped("the host has no /usr/lib/python3/dist-packages to look into")
+    for how in COVERS:
+        with _covered_by(how):
+            async with Sandbox(SandboxConfig()) as sb:
+                r = await sh(sb, "ls /usr/bin/env && ls -A /usr/lib/python3/dist-packages")
+                assert "/usr/bin/env" in r.stdout, f"/usr is not bound (positive control): {r}"
+                leaked = sorted(set(r.stdout.split()) & set(names))
+                assert not leaked, f"the host's dist-packages is readable ({how}): {leaked[:10]}"
+
+
+async def _search_usr(made: list[Path], token: str, how: str) -> None:
     async with Sandbox(SandboxConfig()) as sb:
-        r = await sh(sb, "ls /usr/bin/env && ls -A /usr/lib/python3/dist-packages")
-        assert "/usr/bin/env" in r.stdout, f"/usr is not bound (positive control): {r}"
-        leaked = sorted(set(r.stdout.split()) & set(names))
-        assert not leaked, f"the host's dist-packages is readable: {leaked[:10]}"
+        vendor = next(p for p in made if p.parent == Path("/usr/lib"))
+        r = await sh(sb, f"cat {vendor}/bin/tool")
+        assert "vendored-tool" in r.stdout, f"/usr is not bound (positive control): {r}"
+        found = await _search(sb, [str(p) for p in made], token)
+        assert not found, f"a later release under the host's /usr is readable ({how}): {found}"

@@ -105,4 +105,9 @@ def explain_bwrap_failure(stderr: str) -> str:
         raise UserNamespacesUnavailableError(
             f"bwrap could not create a user namespace ({stderr.strip()}): " + "; ".join(blockers)
         )
+    if "Can't make overlay mount on" in stderr and "userxattr" in stderr:
+        return (
+            f"{stderr.strip()} (if the path is a host directory with covered Python packages, "
+            "MINISANDBOX_COVERS=tmpfs covers them without an overlay)"
+        )
     return stderr.strip()

@@ -14,7 +14,8 @@ standard library and binaries, and none of its installed packages:
   (e.g. a cloud SDK's `lib/third_party`), found by one walk per node (kept in the caller's
   private runtime directory; again when a directory appears up to three levels below /usr).
 
-Each is covered by an empty read-only tmpfs. Python files outside packages (a script in
+Each is shown empty: by the covers layer of its bound tree (covers.py), else by an empty
+read-only tmpfs. Python files outside packages (a script in
 /usr/bin) stay visible: they are programs, not a project's tree. The rest of /usr (compilers,
 shared libraries, git, the shell) cannot hold a Python project's future; what a particular task
 could still find is what `build --validate` checks (evaluation/validation.py: leaks).

@@ -3,7 +3,8 @@
 Layout: an overlay at `/` (read-only layers below one writable upper directory), with the host's
 system directories bound read-only on top at their own paths, a few generated /etc files, a private
 /proc, a minimal /dev, size-capped tmpfs at /tmp and /dev/shm, and no /sys. The host's installed
-Python packages (under /usr and in bound interpreter prefixes) are covered (hostpython.py).
+Python packages (under /usr and in bound interpreter prefixes) are covered (hostpython.py): a
+bound tree is mounted as a read-only overlay of itself under its covers layer (covers.py).
 
 bwrap follows symlinks in mount destinations, and every destination here lies inside the overlay,
 whose content an earlier sandbox may have written (a kept upper layer, or a layer built from one).
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from minisandbox.errors import SandboxConfigError
 from minisandbox.sandbox.config import SandboxConfig
+from minisandbox.sandbox.covers import cover_layer
 from minisandbox.sandbox.hostpython import hidden_dirs
 
 IO_DIR = "/run/minisandbox"  # per-sandbox channel directory (FIFOs, command files)
@@ -195,10 +197,18 @@ def _fill_system_layer(staging: Path, owner: tuple[int, int] | None) -> None:
 
 
 def build_plan(
-    config: SandboxConfig, system_layer: Path, upper: Path, work: Path, io_dir: Path
+    config: SandboxConfig,
+    system_layer: Path,
+    upper: Path,
+    work: Path,
+    io_dir: Path,
+    covers_root: Path | None = None,
 ) -> MountPlan:
+    """The mounts of a sandbox. `covers_root` (the caller's private runtime directory) keeps
+    the covers layers of bound host trees (covers.py); None: tmpfs covers."""
     plan = MountPlan()
     a = plan.args
+    layers, tmpfs_covers = _covers(config, covers_root)
     # bwrap stacks --overlay-src in order, the last one on top; config.layers is lowest first.
     for layer in (system_layer, *config.layers):
         a += ["--overlay-src", str(layer)]
@@ -214,7 +224,7 @@ def build_plan(
     a += ["--size", str(config.limits.tmp_bytes), "--perms", "1777", "--tmpfs", "/tmp"]
     a += ["--size", str(config.limits.shm_bytes), "--perms", "1777", "--tmpfs", "/dev/shm"]
     plan.destinations += ["/proc", "/dev", "/tmp", "/dev/shm"]
-    ro("/usr")
+    _bind_tree(plan, Path("/usr"), layers)
     for name in _SYSTEM_TOP:
         host = f"/{name}"
         if os.path.isdir(host) and not os.path.islink(host):
@@ -227,7 +237,7 @@ def build_plan(
         ("/etc/hostname", f"{config.hostname}\n".encode()),
     ]
     plan.destinations += ["/etc/hosts", "/etc/hostname"]
-    _bind_host_dirs(plan, config)
+    _bind_host_dirs(plan, config, layers, tmpfs_covers)
     # Read-only inside: nothing in the sandbox can plant, swap or remove a channel file (the
     # host creates them; FIFOs stay writable on a read-only mount).
     a += ["--ro-bind", str(io_dir), IO_DIR]
@@ -235,10 +245,48 @@ def build_plan(
     return plan
 
 
-def _bind_host_dirs(plan: MountPlan, config: SandboxConfig) -> None:
-    """`config.ro_paths` read-only at their own paths, then the host's installed Python packages
-    (under /usr and in bound interpreter prefixes) covered by an empty read-only tmpfs each: a
-    later release of the task's project could be among them (hostpython.py)."""
+def _covers(config: SandboxConfig, covers_root: Path | None) -> tuple[dict[Path, Path], list[Path]]:
+    """How the host's installed Python packages (under /usr and in bound interpreter prefixes:
+    a later release of the task's project could be among them, hostpython.py) are covered:
+    the covers layer of each bound tree mounted as an overlay of it (covers.py), and the
+    directories left to cover with an empty read-only tmpfs each (after every bind)."""
+    hidden = hidden_dirs(config.ro_paths)
+    if covers_root is None:
+        return {}, hidden
+    trees = [Path("/usr"), *config.ro_paths]
+    layers: dict[Path, Path] = {}
+    left = set(hidden)
+    for tree in trees:
+        others = [t for t in trees if t != tree]
+        if any(tree.is_relative_to(t) for t in others):
+            continue  # a bind of an enclosing tree could land on top of its overlay
+        inner = [t for t in others if t.is_relative_to(tree)]
+        mine = [h for h in hidden if h.is_relative_to(tree)]
+        mine = [h for h in mine if not any(h.is_relative_to(t) for t in inner)]
+        layer = cover_layer(covers_root, tree, mine) if mine else None
+        if layer is not None:
+            layers[tree] = layer
+            left -= set(mine)
+    return layers, sorted(left)
+
+
+def _bind_tree(plan: MountPlan, tree: Path, layers: dict[Path, Path]) -> None:
+    """Host directory `tree` read-only at its own path: a bind, or an overlay of it under its
+    covers layer."""
+    layer = layers.get(tree)
+    if layer is None:
+        plan.args += ["--ro-bind", str(tree), str(tree)]
+    else:  # bwrap stacks --overlay-src in order, the last one on top
+        plan.args += ["--overlay-src", str(tree), "--overlay-src", str(layer)]
+        plan.args += ["--ro-overlay", str(tree)]
+    plan.destinations.append(str(tree))
+
+
+def _bind_host_dirs(
+    plan: MountPlan, config: SandboxConfig, layers: dict[Path, Path], tmpfs_covers: list[Path]
+) -> None:
+    """`config.ro_paths` read-only at their own paths, then the package directories no covers
+    layer took (see _covers) covered by an empty read-only tmpfs each."""
     a = plan.args
     for path in config.ro_paths:
         # Parents inside the private tmpfs mounts are made by bwrap itself, mode 700 unless told
@@ -251,11 +299,10 @@ def _bind_host_dirs(plan: MountPlan, config: SandboxConfig) -> None:
             parent = parent.parent
         for d in reversed(inside_tmpfs):
             a += ["--perms", "0755", "--dir", d]
-        a += ["--ro-bind", str(path), str(path)]
-        plan.destinations.append(str(path))
+        _bind_tree(plan, path, layers)
     # Not in plan.destinations: each lies inside a host directory bound above (the walk never
     # follows a symlink), so no layer's tree is on its path and nothing is precreated for it.
-    for hidden in map(str, hidden_dirs(config.ro_paths)):
+    for hidden in map(str, tmpfs_covers):
         a += ["--perms", "0555", "--size", "4096", "--tmpfs", hidden, "--remount-ro", hidden]
 
 

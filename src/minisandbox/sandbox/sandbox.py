@@ -187,7 +187,7 @@ class Sandbox(FileOperations, SessionOperations):
         io = self._prepare_dirs()
         assert self._dir is not None and self._upper is not None and self._work is not None
         system = startup.system_layer(self._dir.parent.parent, self.owner)
-        plan = build_plan(cfg, system, self._upper, self._work, io)
+        plan = build_plan(cfg, system, self._upper, self._work, io, self._dir.parent.parent)
         # The workdir and /root are created in the upper layer: no symlinks on their paths either.
         check_destinations([*plan.destinations, "/root", cfg.workdir], [self._upper, *cfg.layers])
         dirs.precreate(
