@@ -7,6 +7,7 @@ import errno
 import inspect
 import os
 import pickle
+import signal
 import socket
 import subprocess
 import time
@@ -626,6 +627,55 @@ async def test_variables_reach_commands_and_sessions_alike(sandbox: Sandbox) -> 
     assert sandbox.sessions == ["odd"]
     with pytest.raises(ValueError, match="empty command"):  # InvalidCommandError is one
         await sandbox.execute([])
+
+
+async def test_names_bash_keeps_for_itself_reach_commands_as_given(sandbox: Sandbox) -> None:
+    """Plain names are exported by the control shell's subshell, the rest (names bash sets,
+    refuses or acts on; names no shell can export) go through env(1): every one arrives."""
+    env = {"UID": "5", "SHELLOPTS": "x", "BASH_ENV": "/nowhere", "IFS": ":", "A-B": "1", "_": "u"}
+    env |= {"BASH_FUNC_true%%": "() { echo planted; }", "PLAIN": "p"}
+    r = await sandbox.execute(["env"], env=env)
+    got = dict(line.split("=", 1) for line in r.stdout.splitlines() if "=" in line)
+    assert {k: got.get(k) for k in env} == env, r.output
+    session = await sandbox.create_session("names", env=env)
+    assert (await session.run("printenv UID A-B PLAIN")).output.split() == ["5", "1", "p"]
+
+
+async def test_bash_settings_in_the_sandboxes_environment_do_not_reach_its_control_shell(
+    tmp_path: Path,
+) -> None:
+    """config.env is the control shell's environment too: bash -p reads no $BASH_ENV file and
+    takes no functions from it (either would run code in the shell that answers the host)."""
+    planted = "/tmp/planted-by-env"
+    env = {"BASH_ENV": "/etc/hostname", "BASH_FUNC_echo%%": f"() {{ touch {planted}; }}"}
+    async with Sandbox(SandboxConfig(env=env)) as sb:
+        r = await sb.execute(["sh", "-c", f"test -e {planted} && echo planted; echo ok"])
+        assert r.stdout == "ok\n" and r.exit_code == 0, r.output
+
+
+async def test_a_command_is_a_process_group_of_its_own_with_default_signals(
+    sandbox: Sandbox,
+) -> None:
+    """`kill 0` and a Ctrl-C sent to its own group reach the command and what it started, not
+    the waiter that reports its exit (the command would never be reported) nor the control
+    shell; SIGINT and SIGQUIT are at their defaults (a test suite that interrupts itself
+    must see KeyboardInterrupt); a command that stops itself is reported when it ends."""
+    r = await sandbox.execute(["sh", "-c", "sleep 30 & kill 0; sleep 30"], timeout=60)
+    assert r.exit_code == 128 + signal.SIGTERM, r.output
+    code = "import os, signal, time\nos.killpg(0, signal.SIGINT)\ntime.sleep(30)"
+    r = await sandbox.execute(["python3", "-c", code], timeout=60)
+    assert r.exit_code == 128 + signal.SIGINT and "KeyboardInterrupt" in r.stderr, r.output
+    r = await sandbox.execute(
+        ["sh", "-c", "ps -o pid=,pgid= -p $$; grep -E '^SigIgn' /proc/$$/status"], timeout=60
+    )
+    pid, pgid, _sig, ignored = r.stdout.split()
+    assert pid == pgid and int(ignored, 16) & 0b110 == 0, r.output  # bits of SIGINT, SIGQUIT
+    r = await sandbox.execute(
+        ["sh", "-c", "(sleep 1; kill -CONT $$) & kill -STOP $$; echo resumed; exit 3"],
+        timeout=60,
+    )
+    assert (r.exit_code, r.stdout) == (3, "resumed\n"), r.output
+    assert (await sandbox.execute(["true"])).exit_code == 0  # the control shell lives on
 
 
 async def test_file_errors_name_their_errno(sandbox: Sandbox) -> None:

@@ -16,9 +16,9 @@ stopped reading), every waiter left fails with the reason its owner gives.
 Nothing else in the sandbox may read the requests or write replies: the control lines travel
 through two FIFOs of the channel directory that the shell opens as it starts, before any other
 process of the sandbox exists, and whose names the host removes once it is ready; the shell is
-a copy of /bin/sh that the sandbox may execute but not read, which makes it (and its forks) not
-dumpable, so no process in the sandbox can open its descriptors or memory through /proc
-(`control_shell`). bwrap's own processes get /dev/null instead.
+a copy of the host's bash that the sandbox may execute but not read, which makes it (and its
+forks) not dumpable, so no process in the sandbox can open its descriptors or memory through
+/proc (`control_shell`). bwrap's own processes get /dev/null instead.
 
 Data other than control lines goes through the channel directory (IO_DIR inside): FIFOs for
 output, files for input. It is read-only inside, and cannot be listed there (mode 0300), so the
@@ -50,12 +50,43 @@ from minisandbox.errors import (
     SandboxNotRunningError,
 )
 from minisandbox.sandbox import procs
-from minisandbox.sandbox.rootfs import IO_DIR, RESET_SIGNALS
+from minisandbox.sandbox.rootfs import IO_DIR
 from minisandbox.utils.aio import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
 _NUMBER = re.compile(r"-?[0-9]+")
+_EXPORTABLE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# Variables bash keeps for itself (read-only, reset or acted on when assigned): env(1) sets them.
+_BASH_OWN = frozenset(
+    {
+        "_",
+        "DIRSTACK",
+        "EPOCHREALTIME",
+        "EPOCHSECONDS",
+        "EUID",
+        "FUNCNAME",
+        "GROUPS",
+        "HISTCMD",
+        "IFS",
+        "LINENO",
+        "OLDPWD",
+        "OPTARG",
+        "OPTERR",
+        "OPTIND",
+        "POSIXLY_CORRECT",
+        "PPID",
+        "PS4",
+        "PWD",
+        "RANDOM",
+        "SECONDS",
+        "SHELLOPTS",
+        "SHLVL",
+        "SRANDOM",
+        "TMOUT",
+        "UID",
+    }
+)
 _READY = "R"
 # The control FIFOs in the channel directory, while the shell starts.
 CONTROL_IN = "control.in"
@@ -89,6 +120,26 @@ def env_words(env: Mapping[str, str]) -> str:
                 "bytes, and a value cannot contain NUL bytes"
             )
     return " ".join(quote(f"{name}={value}") for name, value in env.items())
+
+
+def env_setup(env: Mapping[str, str]) -> tuple[str, str]:
+    """How a command gets `env`: an `export ...;` for the control shell's subshell (no exec)
+    and env(1) words to put before the command for the names bash would not pass through
+    (not a plain name, or one bash sets, refuses or acts on: BASH*, UID, SHELLOPTS, IFS, ...).
+    Either may be empty.
+
+    Raises:
+        InvalidCommandError: as env_words.
+    """
+    env_words(env)  # the checks
+    plain = {
+        k: v
+        for k, v in env.items()
+        if _EXPORTABLE.match(k) and k not in _BASH_OWN and not k.startswith("BASH")
+    }
+    rest = {k: v for k, v in env.items() if k not in plain}
+    exports = f"export {env_words(plain)}; " if plain else ""
+    return exports, (f"env {env_words(rest)} " if rest else "")
 
 
 class ChannelDir:
@@ -355,7 +406,7 @@ class ControlChannel:
         stdout: str,
         stderr: str | None,
     ) -> Job:
-        """Start `argv` in the background, in a session of its own (setsid), from `cwd`, with
+        """Start `argv` in the background, in a process group of its own, from `cwd`, with
         `env` added to the shell's environment and the marker `mark` (procs.MARKER_VAR) first
         in it. Its streams are the paths inside `stdin`, `stdout` and `stderr` (None: into
         stdout). The job reports its pid and its exit status; an unusable `cwd` is status 126.
@@ -364,16 +415,22 @@ class ControlChannel:
             InvalidCommandError: a variable's name or value cannot be passed (see env_words).
             SandboxNotRunningError: the channel is closed.
         """
-        words = env_words({procs.MARKER_VAR: mark, **env})
+        exports, via_env = env_setup({procs.MARKER_VAR: mark, **env})
         job = self._expect(exits=True)
         err = "2>&1" if stderr is None else f"2>{quote(stderr)}"
         command = " ".join(quote(a) for a in argv)
+        # A waiter in the background starts the command with job control on (set -m): in a
+        # process group of its own, SIGINT and SIGQUIT at their defaults (a background job
+        # without job control ignores them). So `kill 0` or Ctrl-C in the command reaches
+        # neither the waiter nor the control shell, and the only exec is the command's own.
+        # Job control goes off again before `wait`, which then waits for the end, not a stop.
         # The job's fd 9 is closed: only the shell answers on it.
         line = (
-            f"{{ {{ cd -- {quote(cwd)} || exit 126; exec 9>&-; "
-            f"exec env {RESET_SIGNALS} {words} setsid {command}; }} "
+            f"{{ set -m; {{ trap - INT QUIT; cd -- {quote(cwd)} || exit 126; exec 9>&-; "
+            f"{exports}exec {via_env}{command}; }} "
             f"<{quote(stdin)} >{quote(stdout)} {err} & "
-            f'p=$!; echo "P {job.id} $p" >&9; wait $p; echo "X {job.id} $?" >&9; }} &'
+            f'p=$!; set +m; echo "P {job.id} $p" >&9; wait $p; echo "X {job.id} $?" >&9; '
+            "} 2>/dev/null &"
         )
         return self._submit(job, line)
 
@@ -388,17 +445,18 @@ class ControlChannel:
             InvalidCommandError: a variable's name or value cannot be passed (see env_words).
             SandboxNotRunningError: the channel is closed.
         """
-        words = env_words(env)
+        exports, via_env = env_setup(env)
         job = self._expect(exits=False)
         command = " ".join(quote(a) for a in argv)
         line = (
-            f"{{ exec setsid -c env {RESET_SIGNALS} {words} {command}; }} "
+            f"{{ trap - INT QUIT; {exports}exec setsid -c {via_env}{command}; }} "
             f'<>{quote(terminal)} >&0 2>&0 9>&- & echo "P {job.id} $!" >&9'
         )
         return self._submit(job, line)
 
     def kill_group(self, pid: int) -> None:
-        """SIGKILL the process group and the session of `pid` (a pid inside), from inside.
+        """SIGKILL the process group of `pid` (a pid inside) and its session if it leads one,
+        from inside.
 
         Raises:
             SandboxNotRunningError: the channel is closed.

@@ -86,8 +86,13 @@ async def watch_memory(
     pid: int, cap: int, *, sandbox_id: str, running: Callable[[], bool]
 ) -> str | None:
     """Poll the memory of the sandbox whose pid 1 is host pid `pid` while `running()`; return
-    why it must stop once it holds more than `cap` bytes (None if it stopped first)."""
+    why it must stop once it holds more than `cap` bytes (None if it stopped first). The first
+    look is one poll after the start: a sandbox that just started holds its control shell
+    alone, and a thread's work then would only compete with its first command."""
     while running():
+        await asyncio.sleep(POLL_S)
+        if not running():
+            break
         used = await asyncio.to_thread(tree_memory, pid)
         if used > cap:
             return (
@@ -95,5 +100,4 @@ async def watch_memory(
                 f"Limits.total_memory_bytes={cap} ({cap >> 20} MiB); it was stopped. Raise "
                 "total_memory_bytes (0: no cap) or MINISANDBOX_SLOTS' share"
             )
-        await asyncio.sleep(POLL_S)
     return None

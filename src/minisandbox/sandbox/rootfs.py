@@ -29,10 +29,6 @@ from minisandbox.sandbox.covers import cover_layer
 from minisandbox.sandbox.hostpython import hidden_dirs
 
 IO_DIR = "/run/minisandbox"  # per-sandbox channel directory (FIFOs, command files)
-# The control shell starts commands as background jobs, which a POSIX shell runs with SIGINT and
-# SIGQUIT ignored; a command (and every program it starts) must get them back, or Ctrl-C in a
-# session would do nothing.
-RESET_SIGNALS = "--default-signal=INT,QUIT"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Top-level host paths that are either symlinks into /usr (merged-/usr systems) or real dirs.

@@ -104,8 +104,10 @@ _control_shells: dict[Path, Path] = {}
 
 
 def control_shell(process_dir: Path) -> Path:
-    """The control shell's executable, made once per process: a copy of the host's /bin/sh
-    (the one bound inside) that nobody may read, only execute. A process that executes a file
+    """The control shell's executable, made once per process: a copy of the host's bash (the
+    one bound inside: with job control, bash starts each command in a process group of its own
+    with the default SIGINT and SIGQUIT, no exec of setsid or env in between; see
+    channel.start_command) that nobody may read, only execute. A process that executes a file
     it cannot read is not dumpable (nor are its forks, until they execute something else): no
     other process of the sandbox's uid may open its /proc descriptors or memory, so nothing in
     the sandbox can read the host's requests or forge the replies. (A root caller's shell is
@@ -116,7 +118,10 @@ def control_shell(process_dir: Path) -> Path:
             staging = process_dir / "control-sh.tmp"
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(staging)
-            shutil.copyfile(os.path.realpath("/bin/sh"), staging)
+            bash = shutil.which("bash", path=HOST_TOOLS_PATH)
+            if bash is None:
+                raise SandboxStartError("the host has no `bash` in /usr/bin or /bin; install it")
+            shutil.copyfile(os.path.realpath(bash), staging)
             os.chmod(staging, 0o111)
             os.rename(staging, path)
             _control_shells[process_dir] = path
@@ -191,7 +196,8 @@ def bwrap_argv(
         ]
     shell = f"{IO_DIR}/{CONTROL_SHELL}"
     fifos = [f"{IO_DIR}/{CONTROL_IN}", f"{IO_DIR}/{CONTROL_OUT}"]
-    return [*args, shell, "-c", helper("control.sh"), CONTROL_SHELL, *fifos]
+    # -p: no $BASH_ENV file and no functions from the environment (config.env sets it).
+    return [*args, shell, "-p", "-c", helper("control.sh"), CONTROL_SHELL, *fifos]
 
 
 def _namespace_args(

@@ -38,9 +38,12 @@ async def watch_upper(
 ) -> str | None:
     """Scan `roots` while `running()`; return why the sandbox must stop once they hold more
     than `max_bytes` bytes of blocks or more than `max_inodes` files and directories (None if
-    it stopped running first)."""
+    it stopped running first). The first scan comes one short pause after the start, not at
+    once: it would compete with the sandbox's first command for nothing (a fresh upper is
+    empty; a kept one is caught then)."""
     loop = asyncio.get_running_loop()
     failures = 0
+    await asyncio.sleep(_SCAN_MIN_PAUSE)
     while running():
         began = time.monotonic()
         try:
