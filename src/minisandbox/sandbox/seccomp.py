@@ -31,6 +31,7 @@ Policy (denials return ``EPERM`` unless noted):
 
 from __future__ import annotations
 
+import functools
 import platform
 import struct
 
@@ -235,6 +236,7 @@ def _resolve_arch(arch: str | None) -> str:
 
 
 # long: one BPF program, whose jumps and labels read best in one place.
+@functools.cache  # the same bytes for every sandbox of a process
 def build_filter(arch: str | None = None) -> bytes:
     """Return the seccomp BPF program for ``arch`` (default: this machine).
 

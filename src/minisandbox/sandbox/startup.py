@@ -57,9 +57,15 @@ def preflight(config: SandboxConfig, as_root: bool) -> Path:
     bwrap = find_bwrap(config.bwrap)
     check_userns()
     for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if as_root else ()):
+        if tool in _found_tools:  # once per process: a tool removed later fails the start anyway
+            continue
         if shutil.which(tool, path=HOST_TOOLS_PATH) is None:
             raise SandboxStartError(f"the host has no `{tool}` in /usr/bin or /bin; install it")
+        _found_tools.add(tool)
     return bwrap
+
+
+_found_tools: set[str] = set()
 
 
 _system_layers: dict[tuple[Path, tuple[int, int] | None], Path] = {}
