@@ -232,7 +232,7 @@ async def main() -> dict[str, Any]:
         for other in ("podman", "podman_nonet", "docker", "docker_nonet"):
             ratio(other, ours)
         ratio(ours, "bwrap")
-    result["layers"] = [str(p) for p in args.layer]
+    result["layers"] = [p.name for p in args.layer]  # layer ids: no host paths in results
     result["minisandbox_warm"] = os.environ.get("MINISANDBOX_WARM", "auto")
     result["target_speedup"] = TARGET_SPEEDUP
     speedups = [result.get(f"podman_over_{ours}", 0.0) for ours in ours_names]

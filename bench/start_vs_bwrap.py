@@ -87,7 +87,7 @@ def bare_upper(scratch: Path, config: SandboxConfig) -> Path:
     layers' directories belong to the sandbox's uid, so bwrap could not make them itself)."""
     upper = Path(tempfile.mkdtemp(dir=scratch))
     for name in ("proc", "dev", "tmp", "usr", *(str(p).lstrip("/") for p in config.ro_paths)):
-        (upper / "u" / name).mkdir(parents=True)
+        (upper / "u" / name).mkdir(parents=True, exist_ok=True)
     (upper / "w").mkdir()
     return upper
 
