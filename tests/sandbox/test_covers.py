@@ -98,6 +98,11 @@ def test_the_tmpfs_covers_are_asked_for_by_name_and_a_wrong_name_is_refused(
         "/usr",
         "/usr",
     ]
+    # An interpreter whose prefix is /usr (the distribution's) names /usr: it is bound once.
+    plan = rootfs.build_plan(
+        SandboxConfig(ro_paths=[Path("/usr")]), system, tmp_path, tmp_path, tmp_path, tmp_path
+    )
+    assert plan.args.count("/usr") == 2, plan.args  # --ro-bind /usr /usr
     monkeypatch.setenv(COVERS_VAR, "squashfs")
     with pytest.raises(SandboxConfigError, match=f"{COVERS_VAR}='squashfs'.*overlay.*tmpfs"):
         rootfs.build_plan(SandboxConfig(), system, tmp_path, tmp_path, tmp_path, tmp_path)

@@ -285,6 +285,8 @@ def _bind_host_dirs(
     layer took (see _covers) covered by an empty read-only tmpfs each."""
     a = plan.args
     for path in config.ro_paths:
+        if path == Path("/usr"):
+            continue  # bound above (an interpreter whose prefix is /usr names it)
         # Parents inside the private tmpfs mounts are made by bwrap itself, mode 700 unless told
         # otherwise: a root caller's sandbox uid could not reach the bound directory.
         parent = path.parent
