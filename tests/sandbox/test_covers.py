@@ -16,6 +16,7 @@ from minisandbox import Sandbox, SandboxConfig
 from minisandbox.errors import SandboxConfigError
 from minisandbox.sandbox import covers, rootfs, runtime, startup
 from minisandbox.sandbox.covers import COVERS_VAR, OPAQUE_XATTR, cover_layer
+from minisandbox.sandbox.hostpython import hidden_dirs
 
 
 @pytest.fixture(autouse=True)
@@ -140,3 +141,20 @@ async def test_usr_is_one_read_only_overlay_here_with_its_packages_empty(
     assert len(lines) == 1 and " - overlay " in lines[0], r.stdout  # nothing listed, one mount
     assert "Read-only file system" in r.stderr
     assert git.exit_code == 0 and git.stdout.startswith("git version")  # positive control
+
+
+async def test_usr_bound_again_under_another_spelling_stays_covered(tmp_path: Path) -> None:
+    """`//usr`, or a symlink to /usr, in ro_paths binds /usr again over its overlay: the covers
+    must still hold (they fall back to tmpfs over every bind). `//usr` also used to loop the
+    start (its parents end at `//`, not `/`)."""
+    hidden = [str(h) for h in hidden_dirs([])]
+    if not hidden:
+        pytest.skip("this host's /usr holds no Python packages to cover")
+    link = tmp_path / "usr-link"
+    link.symlink_to("/usr")
+    os.chmod(tmp_path, 0o755)
+    script = 'for d in "$@"; do ls -A "$d"; done | wc -l; ls /usr/bin/env'
+    for spelled in (Path("//usr"), link):
+        async with Sandbox(SandboxConfig(ro_paths=[spelled])) as sb:
+            r = await sb.execute(["sh", "-c", script, "sh", *hidden])
+        assert r.exit_code == 0 and r.stdout.split() == ["0", "/usr/bin/env"], (spelled, r.output)

@@ -100,7 +100,7 @@ def precreate(
     wanted = {"/root", workdir}
     for dest in destinations:
         parent = os.path.dirname(dest)
-        while parent != "/":
+        while os.path.dirname(parent) != parent:  # not `!= "/"`: "//usr" ends at "//"
             wanted.add(parent)
             parent = os.path.dirname(parent)
     for inside in sorted(wanted):

@@ -249,21 +249,29 @@ def _covers(config: SandboxConfig, covers_root: Path | None) -> tuple[dict[Path,
     hidden = hidden_dirs(config.ro_paths)
     if covers_root is None:
         return {}, hidden
-    trees = [Path("/usr"), *config.ro_paths]
+    trees = [Path("/usr"), *_ro_paths(config)]
+    # Where each is, for the kernel: `//usr` or a symlink to /usr binds /usr again on top.
+    real = [Path(os.path.realpath(t)) for t in trees]
     layers: dict[Path, Path] = {}
     left = set(hidden)
-    for tree in trees:
-        others = [t for t in trees if t != tree]
-        if any(tree.is_relative_to(t) for t in others):
-            continue  # a bind of an enclosing tree could land on top of its overlay
-        inner = [t for t in others if t.is_relative_to(tree)]
-        mine = [h for h in hidden if h.is_relative_to(tree)]
+    for i, tree in enumerate(trees):
+        others = real[:i] + real[i + 1 :]
+        if any(real[i].is_relative_to(t) for t in others):
+            continue  # a bind of the same or an enclosing tree could land on its overlay
+        inner = [t for t in others if t.is_relative_to(real[i])]
+        mine = [h for h in hidden if h.is_relative_to(real[i])]
         mine = [h for h in mine if not any(h.is_relative_to(t) for t in inner)]
-        layer = cover_layer(covers_root, tree, mine) if mine else None
+        layer = cover_layer(covers_root, real[i], mine) if mine else None
         if layer is not None:
             layers[tree] = layer
             left -= set(mine)
     return layers, sorted(left)
+
+
+def _ro_paths(config: SandboxConfig) -> list[Path]:
+    """config.ro_paths but /usr, bound before them (an interpreter whose prefix is /usr, the
+    distribution's, names it)."""
+    return [p for p in config.ro_paths if p != Path("/usr")]
 
 
 def _bind_tree(plan: MountPlan, tree: Path, layers: dict[Path, Path]) -> None:
@@ -284,9 +292,7 @@ def _bind_host_dirs(
     """`config.ro_paths` read-only at their own paths, then the package directories no covers
     layer took (see _covers) covered by an empty read-only tmpfs each."""
     a = plan.args
-    for path in config.ro_paths:
-        if path == Path("/usr"):
-            continue  # bound above (an interpreter whose prefix is /usr names it)
+    for path in _ro_paths(config):
         # Parents inside the private tmpfs mounts are made by bwrap itself, mode 700 unless told
         # otherwise: a root caller's sandbox uid could not reach the bound directory.
         parent = path.parent
