@@ -64,6 +64,10 @@ def test_a_layer_holds_the_covered_paths_opaque_with_the_hosts_modes(tmp_path: P
     # Removed meanwhile (a /tmp cleaner): made again, not handed out missing.
     subprocess.run(["rm", "-rf", str(layer)], check=True)
     assert cover_layer(root, tree, [site]) == layer and layer.is_dir()
+    # Partly removed (its empty leaf first, as /tmp cleaners go): not used, tmpfs covers instead.
+    os.chmod(made.parent, 0o755)
+    made.rmdir()
+    assert cover_layer(root, tree, [site]) is None
 
 
 def test_no_layer_where_an_overlay_would_not_show_what_a_bind_shows(

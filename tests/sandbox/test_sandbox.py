@@ -602,9 +602,9 @@ def test_env_words_is_the_one_quoting_and_refuses_bad_names() -> None:
     value = "a b 'c' \"d\" $(touch /x) `e` \\f\ng"
     words = env_words({"A": value, "-S": "x"})
     assert "\n" not in words  # the control shell reads a line at a time
-    # As the control shell reads them: N holds a newline (helpers/control.sh).
-    split = 'N="$(printf "\\nx")"; N="${N%x}"; eval "set -- $1"; printf "%s\\0" "$@"'
-    out = subprocess.run(["/bin/sh", "-c", split, "sh", words], capture_output=True, check=True)
+    # As the control shell (bash) reads them.
+    split = 'eval "set -- $1"; printf "%s\\0" "$@"'
+    out = subprocess.run(["bash", "-c", split, "sh", words], capture_output=True, check=True)
     assert out.stdout.decode().split("\0")[:-1] == [f"A={value}", "-S=x"]
     for bad in ({"": "x"}, {"A=B": "x"}, {"A": "x\0"}):
         with pytest.raises(InvalidCommandError):
@@ -639,6 +639,21 @@ async def test_names_bash_keeps_for_itself_reach_commands_as_given(sandbox: Sand
     assert {k: got.get(k) for k in env} == env, r.output
     session = await sandbox.create_session("names", env=env)
     assert (await session.run("printenv UID A-B PLAIN")).output.split() == ["5", "1", "p"]
+
+
+async def test_no_variable_changes_what_the_control_shell_sends_or_how_long_it_waits() -> None:
+    """Newlines are spelled with no variable of the shell's (a command's `N` once rewrote
+    them), the loop's variable is no common name (`l` once carried the control line into
+    every command), TMOUT does not end the shell's wait for requests, and a command's PATH
+    does not decide where env(1) is found."""
+    async with Sandbox(SandboxConfig(env={"TMOUT": "1", "l": "mine"})) as sb:
+        r = await sb.execute(["sh", "-c", "echo a\necho b"], env={"N": "x"})
+        assert r.stdout == "a\nb\n", r.output
+        await asyncio.sleep(2.5)  # past TMOUT: the control shell still reads
+        r = await sb.execute(["printenv", "l", "TMOUT"])
+        assert r.stdout == "mine\n1\n", r.output
+        r = await sb.execute(["/bin/echo", "hi"], env={"PATH": "/nowhere", "UID": "5"})
+        assert (r.exit_code, r.stdout) == (0, "hi\n"), r.output
 
 
 async def test_bash_settings_in_the_sandboxes_environment_do_not_reach_its_control_shell(

@@ -260,8 +260,10 @@ class NodeCache:
                 delay = min(delay * 1.5, _POLL_MAX)
         except BaseException:
             if unpacking is not None and not unpacking.done():
-                # Cancelled mid-unpack: keep the exclusive lock until the unpack is over.
-                unpacking.add_done_callback(lambda _f: os.close(fd))
+                # Cancelled mid-unpack: keep the exclusive lock until the unpack is over. Its
+                # error is nobody's to raise now (retrieved here, or asyncio logs a traceback
+                # when the task is collected: an unpack that hit a full disk, say).
+                unpacking.add_done_callback(lambda f: _settle_unpack(f, fd))
             else:
                 os.close(fd)
             raise
@@ -464,3 +466,10 @@ class NodeCache:
     def clear(self) -> list[str]:
         """Remove every layer not in use, whatever the cap."""
         return self._evict(0, cap=0)
+
+
+def _settle_unpack(task: asyncio.Future[None], fd: int) -> None:
+    """The end of an unpack whose caller was cancelled: release its lock, retrieve its error."""
+    if not task.cancelled():
+        task.exception()
+    os.close(fd)

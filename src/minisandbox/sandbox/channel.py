@@ -75,6 +75,7 @@ _BASH_OWN = frozenset(
         "OPTERR",
         "OPTIND",
         "POSIXLY_CORRECT",
+        "PIPESTATUS",
         "PPID",
         "PS4",
         "PWD",
@@ -101,9 +102,9 @@ def new_id() -> str:
 
 
 def quote(word: str) -> str:
-    """`word` as one word for the control shell, on one line: a newline is spelled `"$N"`
-    (a variable of the control shell holding one), since the shell reads a line at a time."""
-    return shlex.quote(word).replace("\n", "'\"$N\"'")
+    """`word` as one word for the control shell (bash), on one line: a newline is spelled
+    `$'\\n'` (no variable of the shell's, which a command's environment could replace)."""
+    return shlex.quote(word).replace("\n", "'$'\\n''")
 
 
 def env_words(env: Mapping[str, str]) -> str:
@@ -139,7 +140,7 @@ def env_setup(env: Mapping[str, str]) -> tuple[str, str]:
     }
     rest = {k: v for k, v in env.items() if k not in plain}
     exports = f"export {env_words(plain)}; " if plain else ""
-    return exports, (f"env {env_words(rest)} " if rest else "")
+    return exports, (f"/usr/bin/env {env_words(rest)} " if rest else "")
 
 
 class ChannelDir:
@@ -449,7 +450,7 @@ class ControlChannel:
         job = self._expect(exits=False)
         command = " ".join(quote(a) for a in argv)
         line = (
-            f"{{ trap - INT QUIT; {exports}exec setsid -c {via_env}{command}; }} "
+            f"{{ trap - INT QUIT; {exports}exec /usr/bin/setsid -c {via_env}{command}; }} "
             f'<>{quote(terminal)} >&0 2>&0 9>&- & echo "P {job.id} $!" >&9'
         )
         return self._submit(job, line)
@@ -461,7 +462,11 @@ class ControlChannel:
         Raises:
             SandboxNotRunningError: the channel is closed.
         """
-        self.send(f"kill -KILL -- -{int(pid)} 2>/dev/null; pkill -KILL -s {int(pid)} 2>/dev/null")
+        # pkill by its full path, without the channel's FIFOs: PATH may lead into the sandbox.
+        self.send(
+            f"kill -KILL -- -{int(pid)} 2>/dev/null; "
+            f"/usr/bin/pkill -KILL -s {int(pid)} </dev/null 2>/dev/null 9>&-"
+        )
 
     def forget(self, job: Job) -> None:
         """Drop the waiters of `job`: replies still to come for it are ignored."""

@@ -25,6 +25,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import secrets
@@ -34,6 +35,8 @@ from pathlib import Path
 
 from minisandbox.errors import SandboxConfigError
 from minisandbox.utils import safefs
+
+logger = logging.getLogger(__name__)
 
 OPAQUE_XATTR = "user.overlay.opaque"
 COVERS_VAR = "MINISANDBOX_COVERS"
@@ -64,7 +67,26 @@ def cover_layer(root: Path, tree: Path, covered: Sequence[Path]) -> Path | None:
     if layer is not None and not os.path.isdir(layer):  # removed since (a /tmp cleaner)
         _cover_layer.cache_clear()
         layer = _cover_layer(root, tree, rel)
+    if layer is not None and not _intact(layer, rel):
+        # Partly removed (a /tmp cleaner takes empty directories first): a covered directory
+        # gone would show the host's. Fail closed: tmpfs covers for this start.
+        logger.warning("covers layer %s is damaged: tmpfs covers instead", layer)
+        return None
     return layer
+
+
+def _intact(layer: Path, rel: tuple[str, ...]) -> bool:
+    """Whether each covered directory of `layer` is there, a directory, and opaque (a few
+    dozen system calls: checked at every start)."""
+    for sub in rel:
+        try:
+            if not stat.S_ISDIR(os.lstat(layer / sub).st_mode):
+                return False
+            if os.getxattr(layer / sub, OPAQUE_XATTR, follow_symlinks=False) != b"y":
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def overlay_wanted() -> bool:
@@ -91,7 +113,7 @@ def _cover_layer(root: Path, tree: Path, rel: tuple[str, ...]) -> Path | None:
     if modes is None:
         return None
     modes[""] = stat.S_IMODE(os.stat(tree).st_mode)  # the merged tree's root takes it too
-    key = hashlib.sha256(json.dumps([FORMAT, str(tree), sorted(modes.items())]).encode())
+    key = hashlib.sha256(json.dumps([FORMAT, str(tree), rel, sorted(modes.items())]).encode())
     layer = root / f"node-covers-{key.hexdigest()[:32]}"
     if os.path.isdir(layer) and not os.path.islink(layer):
         return layer
@@ -155,7 +177,8 @@ def _overlay_stands_in(tree: Path) -> bool:
     for point, fstype in mounts:
         if point != tree and point.is_relative_to(tree):
             return False
-        if tree.is_relative_to(point) and (best is None or len(point.parts) > best[0]):
+        # >=: of mounts stacked on one point, the last listed is the one on top.
+        if tree.is_relative_to(point) and (best is None or len(point.parts) >= best[0]):
             best = (len(point.parts), fstype)
     return best is not None and best[1] in _LOWER_OK
 
