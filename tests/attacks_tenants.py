@@ -132,7 +132,7 @@ async def attack_stop_the_control_shell(ctx: AttackContext) -> None:
         r = await sh(sb, "echo alive")
         assert r.stdout == "alive\n", f"the sandbox does not run commands (control): {r}"
         stop = (
-            "for p in $(grep -l 'IFS= read -r l' /proc/[0-9]*/cmdline | cut -d/ -f3); do "
+            "for p in $(grep -l 'read -r __msb_line' /proc/[0-9]*/cmdline | cut -d/ -f3); do "
             "[ $p != 1 ] && [ $(cut -d' ' -f4 /proc/$p/stat) = 1 ] && shell=$p; done; "
             "(sleep 0.5; kill -STOP $shell) >/dev/null 2>&1 & echo $shell"
         )

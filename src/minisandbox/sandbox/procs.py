@@ -167,8 +167,10 @@ def kill_tree(
 
     The gap: a process that both dropped the marker (cleared or rewrote its environment, or
     pushed the marker past ENVIRON_LIMIT) and, before this runs, left the selected groups and
-    sessions (setsid) and lost its selected ancestors (a double fork reparents it to init) is
-    not found; it lives until the sandbox stops.
+    sessions and lost its selected ancestors (a double fork reparents it to init) is not
+    found; it lives until the sandbox stops. A command leads its process group, not a session
+    (it shares the control shell's: channel.start_command), so leaving its group (setpgid, as
+    GNU timeout does) is enough for that.
     """
     ns = _ns_key(init_pid)
     if ns is None:
