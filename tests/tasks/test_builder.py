@@ -183,11 +183,13 @@ def private(home: Path, settings: BuildSettings) -> tuple[BuildSettings, Task]:
 
 
 def _testbed_blob(builder: Builder, layer: str) -> tuple[str, Path]:
-    """A blob of the layer holding checkout files (the same bytes in every rebuild)."""
+    """The blob of the checkout's history pack (the same bytes in every rebuild; the
+    checkout's files are objects of it)."""
     doc = builder.store.manifest(layer)
     entry = next(
-        e for e in doc["entries"] if e[0] == "f" and e[1].startswith("testbed/src/") and e[3]
-    )
+        e for e in doc["entries"]
+        if e[0] == "f" and e[1].startswith("testbed/.git/objects/pack/") and e[1].endswith(".pack")
+    )  # fmt: skip
     sha = doc["blobs"][entry[5]]
     return sha, builder.store.blob_path(sha)
 

@@ -11,7 +11,8 @@ commit's first-parent history, cut at fixed points (every `COARSE` first-parent 
 root: the same commits for every task whose history passes there), then one pack from the nearest
 already-built task of the same stretch (an ancestor: its packs are ours too) up to the base commit.
 Packs are plain files, identical across the tasks that share them, so the layer store keeps each
-once; they are kept, for later builds, in a pack cache beside the store.
+once, and it keeps the checkout's files as references to their objects in them (layers/gitpack.py);
+they are kept, for later builds, in a pack cache beside the store.
 
 The check that proves it for a built task is `data/check_history.sh`, run by validation inside the
 task's sandbox (as an agent's git sees the repository): every object is reachable from the

@@ -9,6 +9,11 @@ with one row per entry of the tree, in a stable, sorted depth-first order:
     ["l", path, target]                            a symlink
     ["w", path]                                    an overlayfs whiteout
     ["f", path, mode, size, mtime, blob, offset]   a regular file
+    ["g", path, mode, size, mtime, sha256, pack, offset]
+                                                   a regular file that is the blob object at
+                                                   `offset` of the git pack `pack`, a path of
+                                                   this manifest's "f" rows (with its ".idx"
+                                                   beside it); `sha256` is the file's content
 
 "w" and "opaque" let a layer be the upper directory of an overlay (a task's changes on top of its
 environment), deletions included. `blob` indexes "blobs" (-1 for an empty file), `offset` is where
@@ -17,6 +22,8 @@ the file starts in that blob (a pack of small files; 0 for a blob of its own). P
 \\udcXX). The layer id is the sha256 of these exact bytes: this module writes them (`to_bytes`)
 and must keep writing them byte for byte, or identical trees would get new ids.
 
+A "g" row stores a file once when its layer also holds it in a repository's history (a task's
+checkout: gitpack.py); it is still a regular file (kind "f") to everything but unpacking.
 Rows are read into `ManifestEntry` (named fields; `from_row` / `to_row`), never by position.
 Reading checks every row, so that unpacking can trust what it gets: the kinds and shapes above,
 integers where integers belong, paths that stay inside the tree (no "/" at the start, no ".."),
@@ -41,6 +48,7 @@ FILE: EntryKind = "f"
 SYMLINK: EntryKind = "l"
 WHITEOUT: EntryKind = "w"
 _OPAQUE = "opaque"
+_IN_PACK = "g"
 # How a directory is marked opaque on disk: user.* serves overlays mounted in a user namespace
 # (bwrap's), trusted.* those mounted by the real root (only root may set it).
 OPAQUE_XATTRS = ("user.overlay.opaque", "trusted.overlay.opaque")
@@ -79,6 +87,8 @@ class ManifestEntry:
     offset: int = 0  # where the file starts in its blob (files)
     target: str = ""  # what the link points at (symlinks)
     opaque: bool = False  # an overlayfs opaque directory (directories)
+    pack: str = ""  # the git pack whose object at `offset` is this file ("g" rows)
+    content: str = ""  # the sha256 of the file's bytes ("g" rows)
 
     @classmethod
     def directory(cls, path: str, mode: int, *, opaque: bool = False) -> ManifestEntry:
@@ -89,6 +99,16 @@ class ManifestEntry:
         cls, path: str, mode: int, size: int, mtime: int, blob: int = -1, offset: int = 0
     ) -> ManifestEntry:
         return cls(FILE, path, mode=mode, size=size, mtime=mtime, blob=blob, offset=offset)
+
+    @classmethod
+    def in_pack(
+        cls, path: str, mode: int, size: int, mtime: int, content: str, pack: str, offset: int
+    ) -> ManifestEntry:
+        """A file whose bytes are a blob object of a git pack in the same layer."""
+        return cls(
+            FILE, path, mode=mode, size=size, mtime=mtime, offset=offset, pack=pack,
+            content=content,
+        )  # fmt: skip
 
     @classmethod
     def symlink(cls, path: str, target: str) -> ManifestEntry:
@@ -119,6 +139,13 @@ class ManifestEntry:
                 raise ManifestFormatError(f"bad size, blob or offset in row {row!r:.200}")
             mode, mtime = _int(row[2], "mode", row), _int(row[4], "mtime", row)
             return cls.file(path, mode, size, mtime, blob, offset)
+        if kind == _IN_PACK and len(row) == 8:
+            size, offset = _int(row[3], "size", row), _int(row[7], "offset", row)
+            content, pack = _str(row[5], "sha256", row), _check_path(_str(row[6], "pack", row))
+            if size <= 0 or offset < 12 or not is_layer_id(content) or not pack.endswith(".pack"):
+                raise ManifestFormatError(f"bad size, sha256, pack or offset in row {row!r:.200}")
+            mode, mtime = _int(row[2], "mode", row), _int(row[4], "mtime", row)
+            return cls.in_pack(path, mode, size, mtime, content, pack, offset)
         if kind == SYMLINK and len(row) == 3 and "\0" not in _str(row[2], "target", row):
             return cls.symlink(path, row[2])
         if kind == WHITEOUT and len(row) == 2:
@@ -131,6 +158,11 @@ class ManifestEntry:
             return (
                 ["d", self.path, self.mode, _OPAQUE] if self.opaque else ["d", self.path, self.mode]
             )
+        if self.kind == FILE and self.pack:
+            return [
+                _IN_PACK, self.path, self.mode, self.size, self.mtime, self.content, self.pack,
+                self.offset,
+            ]  # fmt: skip
         if self.kind == FILE:
             return ["f", self.path, self.mode, self.size, self.mtime, self.blob, self.offset]
         if self.kind == SYMLINK:
@@ -177,9 +209,16 @@ class Manifest:
         checked = check_document(doc)
         blobs = tuple(checked["blobs"])
         entries = tuple(ManifestEntry.from_row(row) for row in checked["entries"])
+        stored = set()
         for e in entries:
             if e.blob >= len(blobs):
                 raise ManifestFormatError(f"{e.path}: blob {e.blob} of {len(blobs)}")
+            if e.kind == FILE and not e.pack:
+                stored.add(e.path)
+        for e in entries:
+            # A pack and its index are stored files of this layer: unpacking writes them first.
+            if e.pack and not {e.pack, e.pack.removesuffix(".pack") + ".idx"} <= stored:
+                raise ManifestFormatError(f"{e.path}: no stored pack {e.pack} with its index")
         return cls(blobs, entries)
 
     def rows(self) -> list[list[Any]]:
@@ -193,4 +232,5 @@ class Manifest:
         return json.dumps(doc, separators=(",", ":"), ensure_ascii=True).encode()
 
     def files(self) -> list[ManifestEntry]:
+        """Every regular file, those in a git pack ("g" rows) included."""
         return [e for e in self.entries if e.kind == FILE]

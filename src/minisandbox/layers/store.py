@@ -27,7 +27,9 @@ thousands of files) while packs stay content-addressed and so dedupe across laye
 (< `small_file_bytes`, 16 KiB by default) of one directory, in name order, are cut into runs at
 names whose hash ends a run (about 16 files a run, at most 1 MiB). Boundaries depend on names only,
 so a file added or changed re-stores its own run, not the directory, and an identical package
-directory in two venvs yields identical packs.
+directory in two venvs yields identical packs. A file of 256 bytes or more that is also a blob
+object of a git pack in the same tree (a checkout beside its history) gets no blob: its entry
+points at the object, proven equal when publishing and checked against its sha256 when unpacking.
 
 Owners are not stored (`unpack` sets them); modes, symlink targets and file mtimes (whole seconds,
 which keeps .pyc caches valid) are. Hard links are stored as copies (their content once). Overlay
@@ -39,8 +41,9 @@ no blob went missing meanwhile (restoring any from the source tree).
 
 Where the parts are: ids.py (what a layer id and a ref name may be), manifest.py (the manifest
 format), publish.py (reading a tree, storing its blobs), blobs.py (zstd, hashing, verified reads),
-unpack.py (recreating a tree), maintenance.py (check, gc, du), layout.py (paths, atomic writes,
-the metadata lock), errors.py. This module is the store's API.
+gitpack.py (files kept as objects of a git pack of the same tree), unpack.py (recreating a
+tree), maintenance.py (check, gc, du), layout.py (paths, atomic writes, the metadata lock),
+errors.py. This module is the store's API.
 
 The API is blocking (it is file I/O); from async code run it in a thread.
 """
@@ -75,6 +78,7 @@ from minisandbox.layers.errors import (
     UnpackDestinationExistsError,
 )
 from minisandbox.layers.filepool import FilePool
+from minisandbox.layers.gitpack import GitPackError, PackIndex, PackReader
 from minisandbox.layers.ids import check_layer_id, is_layer_id, ref_name
 from minisandbox.layers.layout import StoreLayout
 from minisandbox.layers.maintenance import (
@@ -386,6 +390,20 @@ class LayerStore(StoreLayout):
         """
         manifest = self.read_manifest(layer_id)
         for entry in manifest.entries:
+            if entry.path == path and entry.kind == "f" and entry.pack:
+                pack = self.read_file(layer_id, entry.pack)
+                index = self.read_file(layer_id, entry.pack.removesuffix(".pack") + ".idx")
+                try:
+                    data = PackReader(pack, PackIndex(index)).blob(entry.offset)
+                except GitPackError as exc:
+                    raise CorruptLayerError(
+                        layer_id, self.manifest_path(layer_id), str(exc)
+                    ) from None
+                if hashlib.sha256(data).hexdigest() != entry.content:
+                    raise CorruptLayerError(
+                        layer_id, self.manifest_path(layer_id), f"{path!r}: not its object"
+                    )
+                return data
             if entry.path == path and entry.kind == "f":
                 if entry.blob < 0:
                     return b""

@@ -3,17 +3,20 @@
 The tree is built in a fresh directory that only this code writes to, in an order that keeps
 every write inside it: directories first (mode 0700 until the end), then the files, each
 created, filled and given its owner, mode and mtime through one descriptor (O_EXCL: never an
-existing name), then symlinks, last, so that no write can pass through one; directory modes
-are set deepest first at the very end. Paths come from a checked manifest (relative, no "..").
-Set-id bits are never restored, nor write permission for group or others: a layer's modes
-come from what a build sandbox made, and no other user of the host may write to a layer's
-files (they are hard links of the node's pool: `unpacked_mode`).
+existing name; a file that is an object of a git pack of the layer after the pack, read back
+from it and checked against the sha256 its row gives), then symlinks, last, so that no write
+can pass through one; directory modes are set deepest first at the very end. Paths come from a
+checked manifest (relative, no ".."). Set-id bits are never restored, nor write permission for
+group or others: a layer's modes come from what a build sandbox made, and no other user of the
+host may write to a layer's files (they are hard links of the node's pool: `unpacked_mode`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import mmap
 import os
 import shutil
 import stat
@@ -23,6 +26,7 @@ from pathlib import Path
 from minisandbox.layers.blobs import read_blob, stream_blob
 from minisandbox.layers.errors import CorruptLayerError
 from minisandbox.layers.filepool import FilePool, pool_name
+from minisandbox.layers.gitpack import GitPackError, PackIndex, PackReader
 from minisandbox.layers.layout import StoreLayout
 from minisandbox.layers.manifest import (
     DIRECTORY,
@@ -37,6 +41,10 @@ from minisandbox.layers.parallel import run_parallel
 
 def create_file(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def _no_follow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def unpacked_mode(mode: int) -> int:
@@ -74,6 +82,7 @@ class _Skeleton:
     by_blob: dict[int, list[ManifestEntry]] = field(default_factory=dict)
     links: list[ManifestEntry] = field(default_factory=list)
     whiteouts: list[str] = field(default_factory=list)
+    in_pack: dict[str, list[ManifestEntry]] = field(default_factory=dict)  # by pack path
 
 
 @dataclass
@@ -95,6 +104,8 @@ class Unpacker:
         # Each file is created, filled and given its owner, mode and mtime by one worker, by
         # descriptor: per-file system calls dominate unpacking, so none are left for later.
         run_parallel(self._write_group, skeleton.by_blob.items(), self.workers)
+        # Then the files that are objects of a git pack, read from the pack just written.
+        run_parallel(self._write_from_pack, skeleton.in_pack.items(), self.workers)
         self._finish(skeleton)
 
     def _dest(self, entry: ManifestEntry) -> str:
@@ -111,6 +122,8 @@ class Unpacker:
                 out.dirs.append((path, e.mode))
             elif e.kind == SYMLINK:
                 out.links.append(e)
+            elif e.pack:
+                out.in_pack.setdefault(e.pack, []).append(e)
             elif e.kind == WHITEOUT:
                 # Unprivileged users may create whiteouts too (Linux >= 5.8).
                 os.mknod(path, stat.S_IFCHR, os.makedev(0, 0))
@@ -132,6 +145,62 @@ class Unpacker:
             if self.owner is not None:
                 os.chown(path, *self.owner)
             os.chmod(path, unpacked_mode(mode))
+
+    def _open_pack(self, pack: str) -> tuple[PackReader, mmap.mmap]:
+        """The pack (and its index) this unpacking wrote at `pack` (manifest.py made sure
+        both are stored files of the layer)."""
+        fd = os.open(self._dest_path(pack), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            mapped = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+        try:
+            idx = self._dest_path(pack.removesuffix(".pack") + ".idx")
+            with open(idx, "rb", opener=_no_follow) as fh:
+                index = PackIndex(fh.read())
+            return PackReader(mapped, index), mapped
+        except BaseException:
+            mapped.close()
+            raise
+
+    def _dest_path(self, rel: str) -> str:
+        return os.path.join(self.base, rel)
+
+    def _write_from_pack(self, item: tuple[str, list[ManifestEntry]]) -> None:
+        pack, files = item
+        path = Path(self._dest_path(pack))
+        opened: list[tuple[PackReader, mmap.mmap]] = []
+
+        def make(fd: int, e: ManifestEntry) -> None:
+            try:
+                if not opened:
+                    opened.append(self._open_pack(pack))
+                data = opened[0][0].blob(e.offset)
+                if len(data) != e.size or hashlib.sha256(data).hexdigest() != e.content:
+                    raise CorruptLayerError(
+                        self.layer_id, path, f"object {e.offset} is not the content of {e.path}"
+                    )
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            except GitPackError as exc:
+                os.close(fd)
+                raise CorruptLayerError(self.layer_id, path, f"{e.path}: {exc}") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            finish_file(fd, e, self.owner)
+
+        try:
+            for e in files:
+                if self.pool is None:
+                    make(create_file(self._dest(e)), e)
+                else:
+                    name = pool_name(e.content, unpacked_mode(e.mode), e.mtime, self.owner)
+                    self.pool.link_into(name, self._dest(e), functools.partial(make, e=e))
+        finally:
+            for _reader, mapped in opened:
+                mapped.close()
 
     def _write_group(self, item: tuple[int, list[ManifestEntry]]) -> None:
         """Write the files whose content is in blob `i` (-1: the empty files)."""
