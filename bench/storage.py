@@ -69,6 +69,7 @@ async def main() -> dict[str, Any]:
     with scratch_dir(work_dir / "tmp", "storage-") as scratch:
         fresh = LayerStore(scratch / "store")
         began = time.monotonic()
+        fresh_id: dict[str, str] = {}
         for layer_id in env_ids + task_ids:
             tree = scratch / "tree"
             source.unpack(layer_id, tree)
@@ -76,11 +77,25 @@ async def main() -> dict[str, Any]:
                 ref = fresh.publish(tree)
             finally:
                 discard_tree(tree)
-            if ref.id != layer_id:  # same tree, same manifest: the id must come out the same
-                raise SystemExit(f"layer {layer_id} republished as {ref.id}")
+            if ref.id != layer_id:
+                # Published by an earlier publisher (a checkout's files stored as files, say):
+                # the same tree, so the new layer must unpack to a tree that republishes as it.
+                fresh.unpack(ref.id, tree)
+                try:
+                    again = fresh.publish(tree).id
+                finally:
+                    discard_tree(tree)
+                if again != ref.id:
+                    raise SystemExit(f"layer {ref.id} does not round-trip ({again})")
+            fresh_id[layer_id] = ref.id
             added[layer_id] = ref.stored_bytes
         publish_s = time.monotonic() - began
+        changed = sum(1 for a, b in fresh_id.items() if a != b)
         log(f"published {len(added)} layers into a fresh store in {publish_s:.1f} s")
+        if changed:
+            log(f"{changed} layers got new ids (the publisher changed since they were built)")
+        for j in jobs:
+            j.env_layer, j.task_layer = fresh_id[j.env_layer], fresh_id[j.task_layer]
         du = fresh.du()
 
         def group(mine: list[Job]) -> dict[str, Any]:
@@ -104,7 +119,8 @@ async def main() -> dict[str, Any]:
             }
 
         total = group(jobs)
-        if layer_bytes(fresh, set(added))[0] != du["stored_bytes"]:  # nothing else in the store
+        # Nothing else is in the store.
+        if layer_bytes(fresh, set(fresh_id.values()))[0] != du["stored_bytes"]:
             log(f"note: du() counts {du['stored_bytes']} bytes, the layers' files differ")
         by_repo = {
             repo: group([j for j in jobs if j.task.repo == repo])
