@@ -118,20 +118,15 @@ def _apply_delta(base: bytes, delta: bytes) -> bytes:
         cmd = delta[pos]
         pos += 1
         if cmd & 0x80:  # copy from the base
-            offset = length = 0
-            for bit in range(4):
+            # Bits 0-3 say which bytes of the offset follow, bits 4-6 which of the length.
+            value = 0
+            for bit in range(7):
                 if cmd & (1 << bit):
                     if pos >= n:
                         raise GitPackError("delta copy is truncated")
-                    offset |= delta[pos] << (8 * bit)
+                    value |= delta[pos] << (8 * bit)
                     pos += 1
-            for bit in range(3):
-                if cmd & (0x10 << bit):
-                    if pos >= n:
-                        raise GitPackError("delta copy is truncated")
-                    length |= delta[pos] << (8 * bit)
-                    pos += 1
-            length = length or 0x10000
+            offset, length = value & 0xFFFFFFFF, (value >> 32) or 0x10000
             if offset + length > len(base):
                 raise GitPackError("delta copies past its base")
             out += base[offset : offset + length]
