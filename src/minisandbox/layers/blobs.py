@@ -85,7 +85,8 @@ def sha256_file(path: str) -> str:
     return h.hexdigest()
 
 
-def _read_at_most(fh: io.FileIO, limit: int) -> bytes:
+def read_at_most(fh: io.FileIO, limit: int) -> bytes:
+    """Up to `limit` bytes of `fh` (fewer only at its end)."""
     buf = bytearray()
     while len(buf) < limit and (chunk := fh.read(limit - len(buf))):
         buf += chunk
@@ -97,7 +98,7 @@ def read_pack(sources: list[tuple[str, int]]) -> bytes:
     parts = []
     for path, size in sources:
         with open_source(path) as fh:
-            data = _read_at_most(fh, size + 1)  # one byte more tells a file that grew
+            data = read_at_most(fh, size + 1)  # one byte more tells a file that grew
         if len(data) != size:
             raise TreeChangedError(f"{path} changed while it was being published")
         parts.append(data)

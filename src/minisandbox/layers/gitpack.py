@@ -243,6 +243,14 @@ class PackReader:
             _, (_, old) = self._cache.popitem(last=False)
             self._cached -= len(old)
 
+    def file(self, offset: int, size: int, sha256: str) -> bytes:
+        """The blob at `offset`, which must be `size` bytes whose sha256 is `sha256` (what a
+        manifest's row says the file is); GitPackError otherwise."""
+        data = self.blob(offset)
+        if len(data) != size or hashlib.sha256(data).hexdigest() != sha256:
+            raise GitPackError(f"object {offset} is not the content of the file")
+        return data
+
     def blob(self, offset: int) -> bytes:
         """The content of the blob at `offset`; GitPackError when it is not a blob."""
         kind, data = self.read(offset)

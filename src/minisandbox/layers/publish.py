@@ -23,10 +23,12 @@ from minisandbox.layers.blobs import (
     check_blob,
     compress_file,
     compressor,
+    open_source,
+    read_at_most,
     read_pack,
     sha256_file,
 )
-from minisandbox.layers.errors import UnsupportedTreeError
+from minisandbox.layers.errors import TreeChangedError, UnsupportedTreeError
 from minisandbox.layers.gitpack import GitPackError, PackIndex, PackReader, blob_id
 from minisandbox.layers.layout import StoreLayout
 from minisandbox.layers.manifest import OPAQUE_XATTRS, Manifest, ManifestEntry
@@ -211,23 +213,16 @@ def _group_files(scan: Scan, files: list[tuple[str, PendingFile]], small_file_by
 
 
 def _read_regular(path: str, limit: int) -> bytes | None:
-    """The bytes of the regular file at `path` (never through a link), or None when it is
-    not one, is unreadable or is larger than `limit`."""
+    """The bytes of the regular file at `path` (`open_source`: never through a link), or None
+    when it is not one, is unreadable or is larger than `limit`."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
+        with open_source(path) as fh:
+            if os.fstat(fh.fileno()).st_size > limit:
+                return None
+            data = read_at_most(fh, limit + 1)
+    except (OSError, TreeChangedError):
         return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            return None
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            data = fh.read(limit + 1)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
+    return data if len(data) <= limit else None
 
 
 def _open_pack(path: str, idx_path: str) -> PackReader | None:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import mmap
 import os
 import shutil
@@ -41,6 +40,12 @@ from minisandbox.layers.parallel import run_parallel
 
 def create_file(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _no_follow(path: str, flags: int) -> int:
@@ -109,7 +114,7 @@ class Unpacker:
         self._finish(skeleton)
 
     def _dest(self, entry: ManifestEntry) -> str:
-        return self.base if entry.path == "." else os.path.join(self.base, entry.path)
+        return self.base if entry.path == "." else self._dest_path(entry.path)
 
     def _make_skeleton(self) -> _Skeleton:
         out = _Skeleton()
@@ -175,14 +180,7 @@ class Unpacker:
             try:
                 if not opened:
                     opened.append(self._open_pack(pack))
-                data = opened[0][0].blob(e.offset)
-                if len(data) != e.size or hashlib.sha256(data).hexdigest() != e.content:
-                    raise CorruptLayerError(
-                        self.layer_id, path, f"object {e.offset} is not the content of {e.path}"
-                    )
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, opened[0][0].file(e.offset, e.size, e.content))
             except GitPackError as exc:
                 os.close(fd)
                 raise CorruptLayerError(self.layer_id, path, f"{e.path}: {exc}") from None
@@ -250,9 +248,7 @@ class Unpacker:
                 chunk = loaded[0][e.offset : e.offset + e.size]
                 if len(chunk) != e.size:
                     raise CorruptLayerError(self.layer_id, path, f"pack too short for {e.path}")
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(fd, view) :]
+                write_all(fd, chunk)
             except BaseException:
                 os.close(fd)
                 raise
