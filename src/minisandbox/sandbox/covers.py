@@ -78,11 +78,13 @@ def cover_layer(root: Path, tree: Path, covered: Sequence[Path]) -> Path | None:
 def _intact(layer: Path, rel: tuple[str, ...]) -> bool:
     """Whether each covered directory of `layer` is there, a directory, and opaque (a few
     dozen system calls: checked at every start)."""
+    base = str(layer)
     for sub in rel:
+        path = os.path.join(base, sub)  # (strings: pathlib costs more than the calls here)
         try:
-            if not stat.S_ISDIR(os.lstat(layer / sub).st_mode):
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
                 return False
-            if os.getxattr(layer / sub, OPAQUE_XATTR, follow_symlinks=False) != b"y":
+            if os.getxattr(path, OPAQUE_XATTR, follow_symlinks=False) != b"y":
                 return False
         except OSError:
             return False

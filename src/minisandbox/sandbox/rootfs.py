@@ -15,6 +15,7 @@ in any layer: no mount can be redirected.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import shutil
@@ -249,23 +250,38 @@ def _covers(config: SandboxConfig, covers_root: Path | None) -> tuple[dict[Path,
     hidden = hidden_dirs(config.ro_paths)
     if covers_root is None:
         return {}, hidden
-    trees = [Path("/usr"), *_ro_paths(config)]
+    trees = (Path("/usr"), *_ro_paths(config))
     # Where each is, for the kernel: `//usr` or a symlink to /usr binds /usr again on top.
-    real = [Path(os.path.realpath(t)) for t in trees]
+    real = tuple(Path(os.path.realpath(t)) for t in trees)
     layers: dict[Path, Path] = {}
     left = set(hidden)
-    for i, tree in enumerate(trees):
-        others = real[:i] + real[i + 1 :]
-        if any(real[i].is_relative_to(t) for t in others):
-            continue  # a bind of the same or an enclosing tree could land on its overlay
-        inner = [t for t in others if t.is_relative_to(real[i])]
-        mine = [h for h in hidden if h.is_relative_to(real[i])]
-        mine = [h for h in mine if not any(h.is_relative_to(t) for t in inner)]
-        layer = cover_layer(covers_root, real[i], mine) if mine else None
+    for i, mine in _covered_by_tree(real, tuple(hidden)):
+        layer = cover_layer(covers_root, real[i], mine)
         if layer is not None:
-            layers[tree] = layer
+            layers[trees[i]] = layer
             left -= set(mine)
     return layers, sorted(left)
+
+
+@functools.lru_cache(maxsize=256)
+def _covered_by_tree(
+    real: tuple[Path, ...], hidden: tuple[Path, ...]
+) -> list[tuple[int, tuple[Path, ...]]]:
+    """Which of `hidden` each bound tree (`real`, resolved) covers with a layer of its own:
+    (index, directories) for each tree that has any. None of a tree inside another, or
+    equal to one (a bind of it could land on its overlay); none of a tree bound inside it.
+    (Path arithmetic only: the same for every start of a configuration.)"""
+    out = []
+    for i, tree in enumerate(real):
+        others = real[:i] + real[i + 1 :]
+        if any(tree.is_relative_to(t) for t in others):
+            continue
+        inner = [t for t in others if t.is_relative_to(tree)]
+        mine = [h for h in hidden if h.is_relative_to(tree)]
+        mine = [h for h in mine if not any(h.is_relative_to(t) for t in inner)]
+        if mine:
+            out.append((i, tuple(mine)))
+    return out
 
 
 def _ro_paths(config: SandboxConfig) -> list[Path]:
