@@ -10,8 +10,8 @@ What ours adds is the control channel (a shell inside, its first reply, then one
 its runtime directories, the id maps and limits written from the host, the seccomp filter, and
 the host's Python packages covered. For a root caller, "bare_drop" is the bare bwrap with the
 step a root caller's sandbox adds for the same isolation: `true` runs as the sandbox's uid
-(setpriv), not as host root; its ratios are reported beside (`*_vs_drop`), the target is
-judged on the plain bare.
+(the same program as ours, uiddrop.py), not as host root; its ratios are reported beside
+(`*_vs_drop`), the target is judged on the plain bare.
 
 Layer sets: none, and the first bundled example task's layers (built into --work-dir once).
 At 1: --n rounds, each one of each kind, the order alternating. At N (--concurrent, 64): each
@@ -37,7 +37,7 @@ from _common import append_jsonl, host_info, log, run_main, summarize_ms
 from prep_time import make_builder
 
 from minisandbox import Sandbox, SandboxConfig
-from minisandbox.sandbox import runtime, startup
+from minisandbox.sandbox import runtime, startup, uiddrop
 from minisandbox.sandbox.bwrap import find_bwrap
 from minisandbox.tasks.examples import materialize_mirror
 from minisandbox.tasks.loaders import load_tasks
@@ -47,11 +47,11 @@ TARGET_RATIO = 2.0
 DEFAULT_WORK_DIR = Path("~/.cache/minisandbox-bench/start_vs_bwrap")
 
 
-# A root caller's sandbox drops from host root to its own uid inside (setpriv, as ours does:
-# bwrap cannot when the host writes the id maps); a bare bwrap that runs `true` as host root
-# skips that step. Both are measured for a root caller ("bare" and "bare_drop").
-DROP = ["setpriv", "--reuid=0", "--regid=0", "--clear-groups", "--inh-caps=-all"]
-DROP += ["--bounding-set=-all", "--"]
+# A root caller's sandbox drops from host root to its own uid inside (the program of
+# uiddrop.py, as ours does; bwrap cannot when the host writes the id maps); a bare bwrap that
+# runs `true` as host root skips that step. Both are measured for a root caller ("bare" and
+# "bare_drop").
+DROP_AT = "/.drop-uid"
 DROP_CAPS = ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
 
 
@@ -79,7 +79,15 @@ def bare_argv(
     args += ["--ro-bind", "/usr", "/usr"]
     for path in config.ro_paths:
         args += ["--ro-bind", str(path), str(path)]
-    return [*args, "--chdir", "/", "--", *(DROP if drop else []), "/usr/bin/true"]
+    drop_argv: list[str] = []
+    if drop:
+        helper = uiddrop.drop_helper(runtime.process_dir())
+        if helper is None:
+            drop_argv = list(uiddrop.SETPRIV_ARGV)
+        else:
+            args += ["--ro-bind", str(helper), DROP_AT]
+            drop_argv = [DROP_AT]
+    return [*args, "--chdir", "/", "--", *drop_argv, "/usr/bin/true"]
 
 
 def bare_upper(scratch: Path, config: SandboxConfig) -> Path:
@@ -88,6 +96,7 @@ def bare_upper(scratch: Path, config: SandboxConfig) -> Path:
     upper = Path(tempfile.mkdtemp(dir=scratch))
     for name in ("proc", "dev", "tmp", "usr", *(str(p).lstrip("/") for p in config.ro_paths)):
         (upper / "u" / name).mkdir(parents=True, exist_ok=True)
+    (upper / "u" / DROP_AT.lstrip("/")).touch()  # (bare_drop's mount point)
     (upper / "w").mkdir()
     return upper
 

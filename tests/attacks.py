@@ -689,6 +689,73 @@ async def attack_setuid_binary(ctx: AttackContext) -> None:
         assert not re.search(r"^CapEff:\s+0*[1-9a-f]", r.stdout, re.M), f"su gained caps: {r}"
 
 
+def _status_fields(text: str) -> dict[str, str]:
+    return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
+def _host_descendants(pid: int) -> list[int]:
+    """The host pids under `pid` (children of every thread, recursively)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+                found += kids
+                todo += kids
+    return found
+
+
+@attack
+async def attack_keep_host_credentials(ctx: AttackContext) -> None:
+    """What runs in the sandbox holds no part of the caller's credentials: every uid and gid
+    is the sandbox's host uid and gid (a root caller's drop to its mapped uid did all of its
+    steps), a root caller's supplementary groups (group 0) are gone, and no capability is
+    left, not even in the bounding set that an exec as the namespace's root would draw on.
+    A root caller starts it holding supplementary groups (root's 0, disk's 6), as a login
+    would give it."""
+    sb = Sandbox(SandboxConfig())
+    held = os.getgroups()
+    if sb.as_root:
+        os.setgroups([0, 6])
+    try:
+        await sb.start()
+    finally:
+        if sb.as_root:
+            os.setgroups(held)
+    try:
+        await _check_credentials(sb)
+    finally:
+        await sb.stop()
+
+
+async def _check_credentials(sb: Sandbox) -> None:
+    r = await sb.execute(["cat", "/proc/self/status"])
+    assert r.exit_code == 0, f"cat does not run (positive control): {r}"
+    inside = _status_fields(r.stdout)
+    assert inside["Uid"].split() == ["0"] * 4, f"not root inside: {inside['Uid']}"
+    assert inside["Gid"].split() == ["0"] * 4, f"not group 0 inside: {inside['Gid']}"
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+        assert int(inside[cap], 16) == 0, f"{cap} {inside[cap]} inside the sandbox"
+    if sb.as_root:
+        assert inside["Groups"] == "", f"supplementary groups inside: {inside['Groups']}"
+    assert sb.pid is not None
+    seen = 0
+    for pid in _host_descendants(sb.pid):
+        with open(f"/proc/{pid}/status") as f:
+            host = _status_fields(f.read())
+        if host["Name"] == "bwrap":  # its own pid 1 (the host's to trust)
+            continue
+        seen += 1
+        assert host["Uid"].split() == [str(sb.sandbox_uid)] * 4, f"host uids {host['Uid']}"
+        assert host["Gid"].split() == [str(sb.sandbox_gid)] * 4, f"host gids {host['Gid']}"
+        assert int(host["CapBnd"], 16) == 0, f"bounding set {host['CapBnd']} on the host"
+        if sb.as_root:
+            assert host["Groups"] == "", f"host root's groups kept: {host['Groups']}"
+    assert seen, "no process of the sandbox found from the host (positive control)"
+
+
 UNSHARE_PROBE = """
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)

@@ -22,14 +22,17 @@ from minisandbox.utils import safefs
 from minisandbox.utils.procfs import start_time
 
 
-def make_runtime_dir(path: Path) -> Path:
+def make_runtime_dir(path: Path, searchable: bool = False) -> Path:
     """Create the runtime directory `path` (mode 700) and its channel directory `io`: the
     channel directory's path. `io` is mode 300: its owner creates and opens files by name
-    there, but the sandbox (read-only inside) cannot list it to find another command's FIFO."""
+    there, but the sandbox (read-only inside) cannot list it to find another command's FIFO.
+    `searchable` (a root caller's): 311, so that the sandbox's first program, which runs as
+    host root without capabilities (a stranger to `io`, owned by the sandbox's uid), can be
+    executed from it; `path` (700, ours) keeps every other host user out."""
     path.mkdir(mode=0o700)
     io = path / "io"
     io.mkdir(mode=0o700)
-    os.chmod(io, 0o300)
+    os.chmod(io, 0o311 if searchable else 0o300)
     return io
 
 

@@ -10,8 +10,9 @@ sandbox writes can steer the supervisor to a host path. File reads, writes and u
 Two ways of starting bwrap, chosen by the caller's uid:
 - unprivileged: the sandbox's uid 0 is the caller (a one-line uid map), with no capabilities;
 - root: the sandbox's uid 0 is an unprivileged host uid (`root_mapped_uid`). bwrap still runs
-  its setup as root (so root-only paths like pyenv under /root can be bound), then `setpriv`
-  drops to the mapped uid with an empty capability bounding set before anything else runs.
+  its setup as root (so root-only paths like pyenv under /root can be bound), then a tiny static
+  program (uiddrop.py; setpriv on machines it is not written for) drops to the mapped uid with
+  no groups and an empty capability bounding set before anything else runs.
 
 The parts: startup.py (checks, bwrap's command line, uid maps and rlimits), dirs.py (runtime
 directory, upper layer), channel.py (control protocol, channel directory), commands.py
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
 from minisandbox.errors import SandboxLimitError, SandboxNotRunningError, SandboxStartError
-from minisandbox.sandbox import dirs, egress, memory, runtime, startup, watchdog
+from minisandbox.sandbox import dirs, egress, memory, runtime, startup, uiddrop, watchdog
 from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.sandbox.bwrap import explain_bwrap_failure
 from minisandbox.sandbox.cgroups import SandboxCgroup, delegated_parent
@@ -213,7 +214,8 @@ class Sandbox(FileOperations, SessionOperations):
         is made, so that stop() removes what a failed start left), the channel directory."""
         cfg = self.config
         self._dir = runtime.process_dir(cfg.runtime_dir) / self.id
-        io = dirs.make_runtime_dir(self._dir)
+        helper = uiddrop.drop_helper(self._dir.parent) if self.as_root else None
+        io = dirs.make_runtime_dir(self._dir, searchable=helper is not None)
         if cfg.upper is not None:
             upper = Path(os.path.abspath(cfg.upper))
             self._work = dirs.kept_work_dir(upper, self._dir, self.id)
@@ -231,11 +233,14 @@ class Sandbox(FileOperations, SessionOperations):
             dirs.seal_kept_upper(self._upper, 0o711 if self.as_root else 0o700)
         dirs.chown(io, self.owner)
         self._files = ChannelDir(io, self.owner)
-        shell = startup.control_shell(self._dir.parent)
-        try:
-            os.link(shell, io / CONTROL_SHELL)
-        except OSError:  # another filesystem (a runtime dir of its own): a copy of it
-            shutil.copy2(shell, io / CONTROL_SHELL)
+        programs = {CONTROL_SHELL: startup.control_shell(self._dir.parent)}
+        if helper is not None:
+            programs[uiddrop.HELPER_NAME] = helper
+        for name, program in programs.items():
+            try:
+                os.link(program, io / name)
+            except OSError:  # another filesystem (a runtime dir of its own): a copy of it
+                shutil.copy2(program, io / name)
         return io
 
     async def _launch(self, bwrap: Path, plan: MountPlan) -> None:

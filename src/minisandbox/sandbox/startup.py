@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from minisandbox.errors import SandboxStartError
-from minisandbox.sandbox import runtime
+from minisandbox.sandbox import runtime, uiddrop
 from minisandbox.sandbox.bwrap import check_userns, find_bwrap
 from minisandbox.sandbox.channel import CONTROL_IN, CONTROL_OUT, CONTROL_SHELL
 from minisandbox.sandbox.config import Limits, SandboxConfig
@@ -56,7 +56,8 @@ def preflight(config: SandboxConfig, as_root: bool) -> Path:
     """
     bwrap = find_bwrap(config.bwrap)
     check_userns()
-    for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if as_root else ()):
+    needs_setpriv = as_root and not uiddrop.supported()
+    for tool in ("bash", "setsid", "cat", "tar") + (("setpriv",) if needs_setpriv else ()):
         if tool in _found_tools:  # once per process: a tool removed later fails the start anyway
             continue
         if shutil.which(tool, path=HOST_TOOLS_PATH) is None:
@@ -117,7 +118,7 @@ def control_shell(process_dir: Path) -> Path:
     it cannot read is not dumpable (nor are its forks, until they execute something else): no
     other process of the sandbox's uid may open its /proc descriptors or memory, so nothing in
     the sandbox can read the host's requests or forge the replies. (A root caller's shell is
-    not dumpable anyway: setpriv changes its credentials.)"""
+    not dumpable anyway: the drop to its uid changes its credentials.)"""
     with _system_lock:
         if process_dir not in _control_shells:
             path = process_dir / "control-sh"
@@ -181,7 +182,8 @@ def bwrap_argv(
     files are read from `data_fds`, in order), then the control shell."""
     args = [str(bwrap), *_namespace_args(config, info_fd, block_fd, seccomp_fd)]
     if as_root:
-        # Just what setpriv needs to switch to the mapped uid and empty the bounding set.
+        # Just what the drop (uiddrop) needs to switch to the mapped uid and empty the
+        # bounding set.
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
     args.append("--clearenv")
     for k, v in sandbox_env(config).items():
@@ -191,15 +193,7 @@ def bwrap_argv(
         args += ["--perms", "0644", "--ro-bind-data", str(fd), dest]
     args += ["--chdir", config.workdir, "--"]
     if as_root:
-        args += [
-            "setpriv",
-            "--reuid=0",
-            "--regid=0",
-            "--clear-groups",
-            "--inh-caps=-all",
-            "--bounding-set=-all",
-            "--",
-        ]
+        args += [f"{IO_DIR}/{uiddrop.HELPER_NAME}"] if uiddrop.supported() else uiddrop.SETPRIV_ARGV
     shell = f"{IO_DIR}/{CONTROL_SHELL}"
     fifos = [f"{IO_DIR}/{CONTROL_IN}", f"{IO_DIR}/{CONTROL_OUT}"]
     # -p: no $BASH_ENV file and no functions from the environment (config.env sets it).
@@ -285,7 +279,7 @@ def write_id_maps(pid: int, owner: tuple[int, int], as_root: bool) -> None:
         f.write(uid_map)
     if not as_root:
         # Required before an unprivileged gid map. A root caller keeps setgroups() so that
-        # setpriv can clear the supplementary groups (host root's group 0) inside.
+        # the drop (uiddrop) can clear the supplementary groups (host root's group 0) inside.
         with open(f"/proc/{pid}/setgroups", "w") as f:
             f.write("deny")
     with open(f"/proc/{pid}/gid_map", "w") as f:
