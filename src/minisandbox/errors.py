@@ -27,6 +27,11 @@ class SandboxNotRunningError(MiniSandboxError):
     """An operation needs a running sandbox, but it was never started, was stopped, or died."""
 
 
+class SandboxLoopError(MiniSandboxError):
+    """A running sandbox was called from an event loop other than the one that started it
+    (its control channel is read by that loop only: the call would never see its reply)."""
+
+
 class SandboxLimitError(MiniSandboxError):
     """The sandbox exceeded a limit that is enforced by stopping it (the upper-layer size)."""
 

@@ -26,10 +26,11 @@ from minisandbox.errors import (
     MiniSandboxError,
     SandboxConfigError,
     SandboxFileError,
+    SandboxLoopError,
     SandboxNotRunningError,
     SandboxStartError,
 )
-from minisandbox.sandbox import startup
+from minisandbox.sandbox import startup, sync
 from minisandbox.sandbox.channel import ChannelDir, ControlChannel, Job, env_words
 
 
@@ -113,6 +114,23 @@ async def test_a_cancelled_command_is_killed_and_the_cancellation_goes_on(
         await asyncio.sleep(0.1)
     assert not live
     assert (await sandbox.execute("echo alive")).stdout == "alive\n"
+
+
+async def test_a_call_from_another_event_loop_fails_at_once(sandbox: Sandbox) -> None:
+    """The sandbox's control channel is read by the loop that started it: a call from another
+    loop (here the process's sandbox loop, in its thread) would wait for a reply it never
+    sees. It is refused at once instead; the same call from the sandbox's loop works, and so
+    does the SWE-ReX runtime's, which sends it there (sync.home_loop)."""
+    other = sync.background_loop()
+    assert other is not asyncio.get_running_loop()
+    assert sandbox.loop is asyncio.get_running_loop()
+    call = asyncio.run_coroutine_threadsafe(sandbox.execute(["echo", "hi"]), other)
+    with pytest.raises(SandboxLoopError, match="another event loop"):
+        await asyncio.wait_for(asyncio.wrap_future(call), 60)
+    assert (await sandbox.execute(["echo", "hi"])).stdout == "hi\n"  # (positive control)
+    assert sync.home_loop(sandbox) is asyncio.get_running_loop()
+    r = await sync.on_loop(sandbox.execute(["echo", "hi"]), sync.home_loop(sandbox))
+    assert r.stdout == "hi\n"
 
 
 async def test_output_is_capped_and_non_utf8_is_kept(sandbox: Sandbox) -> None:

@@ -12,8 +12,9 @@ import logging
 import os
 import re
 import shlex
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 try:
     from swerex.exceptions import (
@@ -58,7 +59,9 @@ except ImportError as e:  # pragma: no cover - depends on the environment
 from minisandbox import errors
 from minisandbox.sandbox.api import SandboxAPI, SessionAPI
 from minisandbox.sandbox.session import PROMPT_HOOK, SessionResult, ShellSession
-from minisandbox.sandbox.sync import on_loop
+from minisandbox.sandbox.sync import home_loop, on_loop
+
+T = TypeVar("T")
 
 __all__ = ["PS1", "MiniSandboxRuntime"]
 
@@ -107,6 +110,11 @@ class MiniSandboxRuntime(AbstractRuntime):
         self.logger = logger or default_logger()
         self._sessions: dict[str, _Session] = {}
 
+    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` on the loop the sandbox belongs to (the caller's, when it started the
+        sandbox on its own loop; else the process's sandbox loop)."""
+        return await on_loop(coro, home_loop(self.sandbox))
+
     @property
     def sessions(self) -> dict[str, SessionAPI]:
         return {name: s.shell for name, s in self._sessions.items()}
@@ -119,7 +127,7 @@ class MiniSandboxRuntime(AbstractRuntime):
     # ------------------------------------------------------------ sessions
 
     async def create_session(self, request: CreateSessionRequest) -> CreateSessionResponse:
-        return await on_loop(self._create_session(request))
+        return await self._on_loop(self._create_session(request))
 
     async def _create_session(self, request: CreateBashSessionRequest) -> CreateBashSessionResponse:
         if not isinstance(request, CreateBashSessionRequest):
@@ -153,7 +161,7 @@ class MiniSandboxRuntime(AbstractRuntime):
             raise SessionDoesNotExistError(f"session {name!r} does not exist") from None
 
     async def run_in_session(self, action: Action) -> Observation:
-        return await on_loop(self._run_in_session(action))
+        return await self._on_loop(self._run_in_session(action))
 
     async def _run_in_session(self, action: BashAction | BashInterruptAction) -> BashObservation:
         session = self._session(action.session)
@@ -267,7 +275,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         )
 
     async def close_session(self, request: CloseSessionRequest) -> CloseSessionResponse:
-        return await on_loop(self._close_session(request.session))
+        return await self._on_loop(self._close_session(request.session))
 
     async def _close_session(self, name: str) -> CloseBashSessionResponse:
         if name not in self._sessions:
@@ -280,7 +288,7 @@ class MiniSandboxRuntime(AbstractRuntime):
     # ------------------------------------------------------------ commands and files
 
     async def execute(self, command: Command) -> CommandResponse:
-        return await on_loop(self._execute(command))
+        return await self._on_loop(self._execute(command))
 
     async def _execute(self, command: Command) -> CommandResponse:
         cmd = command.command
@@ -315,7 +323,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         return response
 
     async def read_file(self, request: ReadFileRequest) -> ReadFileResponse:
-        return await on_loop(self._read_file(request))
+        return await self._on_loop(self._read_file(request))
 
     async def _read_file(self, request: ReadFileRequest) -> ReadFileResponse:
         try:
@@ -331,11 +339,11 @@ class MiniSandboxRuntime(AbstractRuntime):
         return ReadFileResponse(content=content.replace("\r\n", "\n").replace("\r", "\n"))
 
     async def write_file(self, request: WriteFileRequest) -> WriteFileResponse:
-        await on_loop(self.sandbox.write_file(request.path, request.content))
+        await self._on_loop(self.sandbox.write_file(request.path, request.content))
         return WriteFileResponse()
 
     async def upload(self, request: UploadRequest) -> UploadResponse:
-        return await on_loop(self._upload(request))
+        return await self._on_loop(self._upload(request))
 
     async def _upload(self, request: UploadRequest) -> UploadResponse:
         source, target = Path(request.source_path), request.target_path
@@ -350,7 +358,7 @@ class MiniSandboxRuntime(AbstractRuntime):
         return UploadResponse()
 
     async def close(self) -> CloseResponse:
-        return await on_loop(self._close())
+        return await self._on_loop(self._close())
 
     async def _close(self) -> CloseResponse:
         for name in list(self._sessions):

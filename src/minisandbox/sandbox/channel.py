@@ -171,7 +171,11 @@ class ChannelDir:
         return self._fd
 
     def mkfifo(self, name: str) -> int:
-        """Create FIFO `name` and open its read end (non-blocking).
+        """Create FIFO `name` and open its read end (non-blocking), which also holds a write
+        end (O_RDWR): the FIFO never shows end-of-file, so a poller is not woken at every turn
+        of the event loop from the moment the command's last writer closes it until its exit
+        status comes (that busy wait took a core from the sandbox). The end of the output is
+        the exit status; what is left in the FIFO then is read until it is empty.
 
         Raises:
             SandboxFileError: something else took its place before it was opened.
@@ -181,7 +185,7 @@ class ChannelDir:
         os.mkfifo(name, 0o600, dir_fd=fd)
         if self._owner is not None:
             os.chown(name, *self._owner, dir_fd=fd, follow_symlinks=False)
-        rfd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+        rfd = os.open(name, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
         if not stat.S_ISFIFO(os.fstat(rfd).st_mode):
             os.close(rfd)
             raise SandboxFileError(f"channel file {name} in {self.path} was replaced")

@@ -34,7 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, cast
 
-from minisandbox.errors import SandboxLimitError, SandboxNotRunningError, SandboxStartError
+from minisandbox.errors import (
+    SandboxLimitError,
+    SandboxLoopError,
+    SandboxNotRunningError,
+    SandboxStartError,
+)
 from minisandbox.sandbox import dirs, egress, memory, runtime, startup, uiddrop, watchdog
 from minisandbox.sandbox.api import SandboxAPI
 from minisandbox.sandbox.bwrap import explain_bwrap_failure
@@ -97,6 +102,7 @@ class Sandbox(FileOperations, SessionOperations):
         self._dead: BaseException | None = None
         self._stopped = False
         self._cgroup: SandboxCgroup | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.as_root = os.geteuid() == 0
         self.sandbox_uid, self.sandbox_gid = self.config.sandbox_owner()
 
@@ -139,13 +145,24 @@ class Sandbox(FileOperations, SessionOperations):
         assert self._channel is not None
         return self._channel
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop that started it (None before): every call must come from it."""
+        return self._loop
+
     def require_running(self) -> None:
         """Return if the sandbox runs, else raise why not.
 
         Raises:
             SandboxLimitError: it was stopped for exceeding a limit.
             SandboxNotRunningError: it was never started, was stopped, or died.
+            SandboxLoopError: called from an event loop other than the one that started it.
         """
+        if self._loop is not None and _running_loop() not in (None, self._loop):
+            raise SandboxLoopError(
+                f"sandbox {self.id} was started on another event loop: call it from that loop "
+                "(from another thread: asyncio.run_coroutine_threadsafe(..., sandbox.loop))"
+            )
         if self._dead is not None:
             if isinstance(self._dead, SandboxLimitError):
                 raise self._dead
@@ -175,6 +192,7 @@ class Sandbox(FileOperations, SessionOperations):
         """
         if self._proc is not None or self._stopped:
             raise SandboxStartError("a Sandbox object can be started once")
+        self._loop = asyncio.get_running_loop()
         try:
             await self._start()
         except BaseException:
@@ -526,3 +544,10 @@ class Sandbox(FileOperations, SessionOperations):
 if TYPE_CHECKING:
     _host: SessionHost = cast(Sandbox, None)  # a Sandbox is what its sessions need
     _api: SandboxAPI = cast(Sandbox, None)  # and the declared API (sandbox/api.py)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None

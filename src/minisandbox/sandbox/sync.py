@@ -55,13 +55,23 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-async def on_loop(coro: Coroutine[Any, Any, T]) -> T:
-    """Await `coro` on the sandbox loop from any event loop. For callers that run a new loop
-    per call (asyncio.run each time): a sandbox belongs to the loop that started it."""
-    loop = background_loop()
+async def on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> T:
+    """Await `coro` on `loop` (default: the sandbox loop) from any event loop. For callers
+    that run a new loop per call (asyncio.run each time): a sandbox belongs to the loop that
+    started it (`home_loop`)."""
+    loop = loop or background_loop()
     if _running_loop() is loop:
         return await coro
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
+
+
+def home_loop(sandbox: object) -> asyncio.AbstractEventLoop | None:
+    """The running event loop that started `sandbox` (a Sandbox the caller started on a loop
+    of its own), where its calls must run; None for the sandbox loop's own, or another kind."""
+    loop = getattr(sandbox, "loop", None)
+    if isinstance(loop, asyncio.AbstractEventLoop) and loop.is_running():
+        return loop
+    return None
 
 
 def call_soon(coro: Coroutine[Any, Any, None]) -> None:
