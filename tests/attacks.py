@@ -725,12 +725,13 @@ async def attack_keep_host_credentials(ctx: AttackContext) -> None:
         if sb.as_root:
             os.setgroups(held)
     try:
-        await _check_credentials(sb)
+        await check_credentials(sb)
     finally:
         await sb.stop()
 
 
-async def _check_credentials(sb: Sandbox) -> None:
+async def check_credentials(sb: Sandbox) -> None:
+    """The checks of attack_keep_host_credentials on a started sandbox."""
     r = await sb.execute(["cat", "/proc/self/status"])
     assert r.exit_code == 0, f"cat does not run (positive control): {r}"
     inside = _status_fields(r.stdout)
@@ -751,6 +752,7 @@ async def _check_credentials(sb: Sandbox) -> None:
         assert host["Uid"].split() == [str(sb.sandbox_uid)] * 4, f"host uids {host['Uid']}"
         assert host["Gid"].split() == [str(sb.sandbox_gid)] * 4, f"host gids {host['Gid']}"
         assert int(host["CapBnd"], 16) == 0, f"bounding set {host['CapBnd']} on the host"
+        assert host["NoNewPrivs"] == "1", f"no_new_privs not set on the host: {host}"
         if sb.as_root:
             assert host["Groups"] == "", f"host root's groups kept: {host['Groups']}"
     assert seen, "no process of the sandbox found from the host (positive control)"

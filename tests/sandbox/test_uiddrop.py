@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import tempfile
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from minisandbox import Sandbox, SandboxConfig
 from minisandbox.sandbox import uiddrop
 
 pytestmark = pytest.mark.skipif(not uiddrop.supported(), reason="the program is x86-64 Linux")
@@ -43,13 +45,23 @@ def status(text: str) -> dict[str, str]:
     return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
 
 
-def test_code_addresses_its_message() -> None:
-    """`lea rsi, [rip+0x13]` ends at 0x94: the message must start at 0xa7, and `mov edx, 48`
-    writes all of it."""
+def test_code_addresses_its_messages() -> None:
+    """Each `lea rsi, [rip+N]` lands on its message and the `mov edx, N` after it writes all
+    of it (the offsets of the instruction list are checked too)."""
     code = uiddrop.x86_64_code()
-    lea = code.index(bytes.fromhex("488d3513000000"))
-    assert lea + 7 + 0x13 == 0xA7 == code.index(b"minisandbox: ")
-    assert len(code) - 0xA7 == 48 and code.endswith(b"\n")
+    switch = b"minisandbox: cannot switch to the sandbox's uid\n"
+    execute = b"minisandbox: cannot execute the control shell\n"
+    for at, message in ((0xB4, switch), (0xA1, execute)):
+        assert code[at : at + 3] == bytes.fromhex("488d35")
+        target = at + 7 + int.from_bytes(code[at + 3 : at + 7], "little")
+        assert code[target : target + len(message)] == message
+        assert code[at + 7] == 0xBA and int.from_bytes(code[at + 8 : at + 12], "little") == len(
+            message
+        )
+    offset = 0
+    for hexed, text in uiddrop._X86_64:
+        assert int(text.split()[0], 16) == offset, text
+        offset += len(bytes.fromhex(hexed))
 
 
 def test_elf_shape() -> None:
@@ -115,3 +127,46 @@ def test_refused_step_executes_nothing(helper: Path, shared_dir: Path) -> None:
     assert not marker.exists()
     control = subprocess.run(argv[: argv.index(str(helper))] + argv[-2:], capture_output=True)
     assert control.returncode == 0 and marker.exists(), "touch does not run (positive control)"
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare (util-linux)")
+def test_refused_setgroups_executes_nothing(helper: Path, shared_dir: Path) -> None:
+    """In a user namespace of our own whose setgroups is denied (unshare -r), the bounding set
+    can be emptied but the groups cannot be cleared: it ends (127) before its command."""
+    marker = shared_dir / "ran"
+    unshare = ["unshare", "-r", "--"]
+    r = subprocess.run([*unshare, str(helper), "/usr/bin/touch", str(marker)], capture_output=True)
+    assert r.returncode == 127 and b"cannot switch" in r.stderr, r
+    assert not marker.exists()
+    control = subprocess.run([*unshare, "/usr/bin/touch", str(marker)], capture_output=True)
+    assert control.returncode == 0 and marker.exists(), f"positive control: {control}"
+
+
+@pytest.mark.skipif(not IS_ROOT, reason="the switch succeeds for root only")
+def test_failed_exec_says_so(helper: Path) -> None:
+    r = subprocess.run([str(helper), "/nonexistent/control-shell"], capture_output=True)
+    assert (r.returncode, r.stderr) == (126, b"minisandbox: cannot execute the control shell\n")
+
+
+@pytest.mark.skipif(not IS_ROOT or shutil.which("setpriv") is None, reason="root (setpriv)")
+async def test_setpriv_where_the_program_does_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine the program is not written for, a root caller's sandbox drops with setpriv:
+    the same credentials (the attack suite's check), and the channel directory stays 300."""
+    from attacks import check_credentials  # (the attack suite's imports: root runs only)
+
+    monkeypatch.setattr(uiddrop, "supported", lambda: False)
+    sb = Sandbox(SandboxConfig())
+    held = os.getgroups()
+    os.setgroups([0, 6])
+    try:
+        await sb.start()
+    finally:
+        os.setgroups(held)
+    try:
+        assert sb.upper_dir is not None
+        io = sb.upper_dir.parent / "io"
+        assert stat.S_IMODE(os.stat(io).st_mode) == 0o300
+        assert not os.path.lexists(io / uiddrop.HELPER_NAME)
+        await check_credentials(sb)
+    finally:
+        await sb.stop()

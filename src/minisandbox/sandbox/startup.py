@@ -117,8 +117,8 @@ def control_shell(process_dir: Path) -> Path:
     channel.start_command) that nobody may read, only execute. A process that executes a file
     it cannot read is not dumpable (nor are its forks, until they execute something else): no
     other process of the sandbox's uid may open its /proc descriptors or memory, so nothing in
-    the sandbox can read the host's requests or forge the replies. (A root caller's shell is
-    not dumpable anyway: the drop to its uid changes its credentials.)"""
+    the sandbox can read the host's requests or forge the replies. (A root caller's shell too:
+    its exec by the sandbox's uid, which may not read the file, is what keeps it so.)"""
     with _system_lock:
         if process_dir not in _control_shells:
             path = process_dir / "control-sh"

@@ -3,19 +3,20 @@ bwrap needs for the setup) to the sandbox's own uid, with no groups and no capab
 
 util-linux's `setpriv` does it, but costs 1.5 ms a start (an exec of a dynamically linked
 program: a fifth of a whole start). This module writes the same step as a static x86-64 program
-of 215 bytes of code, made here from the instructions below (no compiled file is shipped); any
-other machine uses setpriv. The program, with no libc and no data but its message:
+of 222 bytes of code, made here from the instructions below (no compiled file is shipped); any
+other machine uses setpriv. The program, with no libc and no data but its messages:
 
 1. empties the capability bounding set (prctl PR_CAPBSET_DROP for capabilities 0-63; EINVAL,
-   a number past the kernel's last capability, is not an error): a later exec as the
-   namespace's uid 0 gains nothing;
+   a number past the kernel's last capability, is not an error), then reads each back
+   (PR_CAPBSET_READ) and fails if one is still there: a later exec as the namespace's uid 0
+   gains nothing;
 2. setgroups(0, NULL): host root's supplementary group 0 is gone;
 3. setresgid(0, 0, 0) and setresuid(0, 0, 0): the namespace's 0 is the sandbox's host uid;
 4. capset to empty effective, permitted and inheritable sets (the ambient set follows);
 5. execve(argv[1], argv + 1, envp).
 
 Any failed step writes one line to stderr and exits 127: nothing runs with the credentials of
-a half-done switch.
+a half-done switch. A failed execve (the switch done) says so and exits 126.
 """
 
 from __future__ import annotations
@@ -39,65 +40,81 @@ SETPRIV_ARGV = (
 
 # Each line: the instruction's bytes, then the instruction (Intel syntax). Offsets in hex.
 _X86_64 = [
-    ("4889e3", "00 mov rbx, rsp             ; argc, argv..., 0, envp... (kept for step 5)"),
-    ("31f6", "03 xor esi, esi              ; capability 0"),
-    ("b89d000000", "05 mov eax, 157        ; prctl"),
-    ("bf18000000", "0a mov edi, 24         ; PR_CAPBSET_DROP"),
+    ("4889e3", "00 mov rbx, rsp               ; argc, argv..., 0, envp... (kept for the execve)"),
+    ("31f6", "03 xor esi, esi               ; capability 0"),
+    ("b89d000000", "05 mov eax, 0x9d              ; prctl"),
+    ("bf18000000", "0a mov edi, 0x18              ; PR_CAPBSET_DROP"),
     ("0f05", "0f syscall"),
     ("85c0", "11 test eax, eax"),
-    ("7405", "13 je 0x1a"),
-    ("83f8ea", "15 cmp eax, -22            ; EINVAL: past the last capability"),
-    ("7569", "18 jne fail (0x83)"),
-    ("ffc6", "1a inc esi"),
-    ("83fe40", "1c cmp esi, 64"),
-    ("72e4", "1f jb 0x05"),
-    ("b874000000", "21 mov eax, 116        ; setgroups(0, NULL)"),
-    ("31ff", "26 xor edi, edi"),
-    ("31f6", "28 xor esi, esi"),
-    ("0f05", "2a syscall"),
-    ("85c0", "2c test eax, eax"),
-    ("7553", "2e jne fail"),
-    ("b877000000", "30 mov eax, 119        ; setresgid(0, 0, 0)"),
-    ("31ff", "35 xor edi, edi"),
-    ("31f6", "37 xor esi, esi"),
-    ("31d2", "39 xor edx, edx"),
-    ("0f05", "3b syscall"),
-    ("85c0", "3d test eax, eax"),
-    ("7542", "3f jne fail"),
-    ("b875000000", "41 mov eax, 117        ; setresuid(0, 0, 0)"),
-    ("31ff", "46 xor edi, edi"),
-    ("31f6", "48 xor esi, esi"),
-    ("31d2", "4a xor edx, edx"),
-    ("0f05", "4c syscall"),
-    ("85c0", "4e test eax, eax"),
-    ("7531", "50 jne fail"),
-    ("31c0", "52 xor eax, eax"),
-    ("50", "54 push rax                  ; capset data: 2 x {effective, permitted, inheritable}"),
-    ("50", "55 push rax"),
-    ("50", "56 push rax"),
-    ("4889e6", "57 mov rsi, rsp"),
-    ("6822050820", "5a push 0x20080522     ; header: _LINUX_CAPABILITY_VERSION_3, pid 0"),
-    ("4889e7", "5f mov rdi, rsp"),
-    ("b87e000000", "62 mov eax, 126        ; capset"),
-    ("0f05", "67 syscall"),
-    ("85c0", "69 test eax, eax"),
-    ("7516", "6b jne fail"),
-    ("488b03", "6d mov rax, [rbx]          ; argc"),
-    ("488d54c310", "70 lea rdx, [rbx+rax*8+16] ; envp"),
-    ("488d7310", "75 lea rsi, [rbx+16]       ; argv + 1"),
-    ("488b3e", "79 mov rdi, [rsi]          ; argv[1]"),
-    ("b83b000000", "7c mov eax, 59         ; execve"),
-    ("0f05", "81 syscall"),
-    ("b801000000", "83 fail: mov eax, 1    ; write(2, message, 48)"),
-    ("bf02000000", "88 mov edi, 2"),
-    ("488d3513000000", "8d lea rsi, [rip+0x13] ; the message at 0xa7"),
-    ("ba30000000", "94 mov edx, 48"),
-    ("0f05", "99 syscall"),
-    ("b8e7000000", "9b mov eax, 231        ; exit_group(127)"),
-    ("bf7f000000", "a0 mov edi, 127"),
-    ("0f05", "a5 syscall"),
+    ("7409", "13 je 0x1e"),
+    ("83f8ea", "15 cmp eax, 0xffffffea        ; EINVAL: past the last capability"),
+    ("0f8596000000", "18 jne 0xb4"),
+    ("ffc6", "1e inc esi"),
+    ("83fe40", "20 cmp esi, 0x40"),
+    ("72e0", "23 jb 0x5"),
+    ("31f6", "25 xor esi, esi               ; then check each of 0-63 is out of the bounding set"),
+    ("b89d000000", "27 mov eax, 0x9d              ; prctl"),
+    ("bf17000000", "2c mov edi, 0x17              ; PR_CAPBSET_READ"),
+    ("0f05", "31 syscall"),
+    ("83f801", "33 cmp eax, 0x1"),
+    ("747c", "36 je 0xb4                    ; still in it (an EINVAL that lied): fail"),
+    ("ffc6", "38 inc esi"),
+    ("83fe40", "3a cmp esi, 0x40"),
+    ("72e8", "3d jb 0x27"),
+    ("b874000000", "3f mov eax, 0x74              ; setgroups(0, NULL)"),
+    ("31ff", "44 xor edi, edi"),
+    ("31f6", "46 xor esi, esi"),
+    ("0f05", "48 syscall"),
+    ("85c0", "4a test eax, eax"),
+    ("7566", "4c jne 0xb4"),
+    ("b877000000", "4e mov eax, 0x77              ; setresgid(0, 0, 0)"),
+    ("31ff", "53 xor edi, edi"),
+    ("31f6", "55 xor esi, esi"),
+    ("31d2", "57 xor edx, edx"),
+    ("0f05", "59 syscall"),
+    ("85c0", "5b test eax, eax"),
+    ("7555", "5d jne 0xb4"),
+    ("b875000000", "5f mov eax, 0x75              ; setresuid(0, 0, 0)"),
+    ("31ff", "64 xor edi, edi"),
+    ("31f6", "66 xor esi, esi"),
+    ("31d2", "68 xor edx, edx"),
+    ("0f05", "6a syscall"),
+    ("85c0", "6c test eax, eax"),
+    ("7544", "6e jne 0xb4"),
+    ("31c0", "70 xor eax, eax"),
+    ("50", "72 push rax                   ; capset data: 2 x {effective, permitted, inheritable}"),
+    ("50", "73 push rax"),
+    ("50", "74 push rax"),
+    ("4889e6", "75 mov rsi, rsp"),
+    ("6822050820", "78 push 0x20080522            ; header: _LINUX_CAPABILITY_VERSION_3, pid 0"),
+    ("4889e7", "7d mov rdi, rsp"),
+    ("b87e000000", "80 mov eax, 0x7e              ; capset"),
+    ("0f05", "85 syscall"),
+    ("85c0", "87 test eax, eax"),
+    ("7529", "89 jne 0xb4"),
+    ("488b03", "8b mov rax, [rbx]             ; argc"),
+    ("488d54c310", "8e lea rdx, [rbx+rax*8+0x10]  ; envp"),
+    ("488d7310", "93 lea rsi, [rbx+0x10]        ; argv + 1"),
+    ("488b3e", "97 mov rdi, [rsi]             ; argv[1]"),
+    ("b83b000000", "9a mov eax, 0x3b              ; execve"),
+    ("0f05", "9f syscall"),
+    ("488d3566000000", "a1 lea rsi, [rip+0x66]        ; it failed: the exec message at 0x10e"),
+    ("ba2e000000", "a8 mov edx, 0x2e"),
+    ("bf7e000000", "ad mov edi, 0x7e              ; exit status 126"),
+    ("eb11", "b2 jmp 0xc5"),
+    ("488d3523000000", "b4 lea rsi, [rip+0x23]        ; fail: the switch message at 0xde"),
+    ("ba30000000", "bb mov edx, 0x30"),
+    ("bf7f000000", "c0 mov edi, 0x7f              ; exit status 127"),
+    ("4189fc", "c5 mov r12d, edi"),
+    ("b801000000", "c8 mov eax, 0x1               ; write(2, message, length)"),
+    ("bf02000000", "cd mov edi, 0x2"),
+    ("0f05", "d2 syscall"),
+    ("b8e7000000", "d4 mov eax, 0xe7              ; exit_group(status)"),
+    ("4489e7", "d9 mov edi, r12d"),
+    ("0f05", "dc syscall"),
 ]
-_MESSAGE = b"minisandbox: cannot switch to the sandbox's uid\n"
+_MESSAGE = b"minisandbox: cannot switch to the sandbox's uid\n"  # at 0xde
+_EXEC_MESSAGE = b"minisandbox: cannot execute the control shell\n"  # at 0x10e
 
 _BASE = 0x400000  # where the one loadable segment goes (the code is position-independent)
 _EHDR_SIZE, _PHDR_SIZE, _PHNUM = 64, 56, 2
@@ -105,8 +122,7 @@ _EHDR_SIZE, _PHDR_SIZE, _PHNUM = 64, 56, 2
 
 def x86_64_code() -> bytes:
     """The program's code and message (the bytes at the ELF file's entry point)."""
-    # (0xa7 bytes: `lea rsi, [rip+0x13]` at 0x8d addresses the message right after them.)
-    return bytes.fromhex("".join(h for h, _ in _X86_64)) + _MESSAGE
+    return bytes.fromhex("".join(h for h, _ in _X86_64)) + _MESSAGE + _EXEC_MESSAGE
 
 
 def x86_64_elf() -> bytes:
