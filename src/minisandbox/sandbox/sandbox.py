@@ -54,7 +54,7 @@ from minisandbox.sandbox.seccomp import build_filter
 from minisandbox.sandbox.session import SessionHost, ShellSession
 from minisandbox.sandbox.sessions import SessionOperations
 from minisandbox.utils import safefs
-from minisandbox.utils.aio import cancel_and_wait, settle
+from minisandbox.utils.aio import cancel_and_wait, running_loop, settle
 
 __all__ = ["READ_MAX_BYTES", "ExecResult", "Sandbox"]
 
@@ -158,7 +158,7 @@ class Sandbox(FileOperations, SessionOperations):
             SandboxNotRunningError: it was never started, was stopped, or died.
             SandboxLoopError: called from an event loop other than the one that started it.
         """
-        if self._loop is not None and _running_loop() not in (None, self._loop):
+        if self._loop is not None and running_loop() not in (None, self._loop):
             raise SandboxLoopError(
                 f"sandbox {self.id} was started on another event loop: call it from that loop "
                 "(from another thread: asyncio.run_coroutine_threadsafe(..., sandbox.loop))"
@@ -544,10 +544,3 @@ class Sandbox(FileOperations, SessionOperations):
 if TYPE_CHECKING:
     _host: SessionHost = cast(Sandbox, None)  # a Sandbox is what its sessions need
     _api: SandboxAPI = cast(Sandbox, None)  # and the declared API (sandbox/api.py)
-
-
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None

@@ -18,6 +18,7 @@ from minisandbox.sandbox.files import READ_MAX_BYTES
 from minisandbox.sandbox.output import DEFAULT_MAX_OUTPUT
 from minisandbox.sandbox.sandbox import ExecResult, Sandbox
 from minisandbox.sandbox.session import SessionResult
+from minisandbox.utils.aio import running_loop
 
 T = TypeVar("T")
 _loop: asyncio.AbstractEventLoop | None = None
@@ -48,19 +49,12 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     return asyncio.run_coroutine_threadsafe(coro, background_loop()).result()
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:
-        return None
-
-
 async def on_loop(coro: Coroutine[Any, Any, T], loop: asyncio.AbstractEventLoop | None = None) -> T:
     """Await `coro` on `loop` (default: the sandbox loop) from any event loop. For callers
     that run a new loop per call (asyncio.run each time): a sandbox belongs to the loop that
     started it (`home_loop`)."""
     loop = loop or background_loop()
-    if _running_loop() is loop:
+    if running_loop() is loop:
         return await coro
     return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, loop))
 
@@ -78,7 +72,7 @@ def call_soon(coro: Coroutine[Any, Any, None]) -> None:
     """Run `coro` on the sandbox loop: wait for it, unless called from that loop's own thread,
     where waiting would deadlock (then it is only scheduled)."""
     loop = background_loop()
-    if _running_loop() is loop:
+    if running_loop() is loop:
         loop.create_task(coro)
     else:
         run_sync(coro)

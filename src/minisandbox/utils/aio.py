@@ -9,6 +9,14 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def running_loop() -> asyncio.AbstractEventLoop | None:
+    """The event loop running in this thread, or None outside one."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
 async def all_or_none(coros: Iterable[Awaitable[T]]) -> list[T]:
     """Like gather, but the first exception (or our own cancellation) cancels and awaits all the
     others before it is raised: nothing is left running (holding a sandbox, a build lock or a
